@@ -1,0 +1,55 @@
+"""Complete the events table: ranks from the pid→rank map, times inferred from neighbours."""
+
+from __future__ import annotations
+
+import polars as pl
+
+
+def pid_rank_map(events: pl.DataFrame) -> pl.DataFrame:
+    """(host, pid) → rank learnt from lines that state both, such as NCCL `Init COMPLETE`.
+
+    A pid seen with several ranks (one process in several communicators) keeps its smallest
+    global-communicator rank, the one from the communicator with the most ranks.
+    """
+    known = events.filter(pl.col("pid").is_not_null() & pl.col("rank").is_not_null())
+    if known.is_empty():
+        return pl.DataFrame(schema={"pid": pl.Int64, "map_rank": pl.Int64})
+    nranks = known.select(
+        "pid",
+        "rank",
+        pl.col("fields").str.json_path_match("$.nranks").cast(pl.Int64, strict=False).fill_null(0).alias("n"),
+    )
+    return (
+        nranks.sort(["pid", "n", "rank"], descending=[False, True, False])
+        .group_by("pid", maintain_order=True)
+        .first()
+        .select("pid", pl.col("rank").alias("map_rank"))
+    )
+
+
+def fill_ranks(events: pl.DataFrame) -> pl.DataFrame:
+    mapping = pid_rank_map(events)
+    if mapping.is_empty():
+        return events
+    return (
+        events.join(mapping, on="pid", how="left")
+        .with_columns(pl.coalesce("rank", "map_rank").alias("rank"))
+        .drop("map_rank")
+    )
+
+
+def infer_times(events: pl.DataFrame) -> pl.DataFrame:
+    """Lines without a time take the time of the nearest earlier (else later) stamped line of their file."""
+    if events.is_empty():
+        return events
+    return (
+        events.sort(["file", "line"])
+        .with_columns(pl.col("ts").is_null().alias("_missing"))
+        .with_columns(pl.col("ts").forward_fill().backward_fill().over("file"))
+        .with_columns((pl.col("_missing") & pl.col("ts").is_not_null()).alias("ts_inferred"))
+        .drop("_missing")
+    )
+
+
+def enrich(events: pl.DataFrame) -> pl.DataFrame:
+    return infer_times(fill_ranks(events))

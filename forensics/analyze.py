@@ -1,0 +1,112 @@
+"""One run folder in, one Analysis out: discover, read in parallel, enrich, diagnose."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from forensics.analyses.diagnosis import build_findings, diagnose
+from forensics.analyses.enrich import enrich
+from forensics.model import Analysis, FileReport, empty_events, empty_series
+from forensics.resources import patterns_dir
+from forensics.rules import Rule, load_rules
+from forensics.run import SKIPPED, TEXT_LOG, RunFile, discover
+from forensics.scan import TextScanner
+from forensics.sources import file_sources, line_extractors
+from forensics.sources.base import FileResult, Sink
+
+
+@dataclass
+class Options:
+    patterns: list[Path] = field(default_factory=list)  # overlays on the bundled rules
+    jobs: int = 0  # threads over files; 0 = one per CPU
+
+
+def load_rule_set(overlays: list[Path]) -> list[Rule]:
+    rules, _ = load_rules([patterns_dir(), *overlays])
+    return rules
+
+
+def _read_one(rf: RunFile, scanner: TextScanner) -> tuple[Sink, FileReport, FileResult]:
+    sink = Sink()
+    report = FileReport(rf.rel, rf.kind, rf.bytes, note=rf.note)
+    result = FileResult()
+    if rf.kind == TEXT_LOG:
+        result.lines, result.warnings = scanner.scan(rf.path, rf.rel, sink)
+    elif rf.kind != SKIPPED:
+        source = next(s for s in file_sources() if s.kind == rf.kind)
+        try:
+            result = source.read(rf.path, rf.rel, sink)
+        except Exception as exc:  # a damaged structured file must not stop the run's analysis
+            result.warnings.append(f"{rf.rel}: could not be read as {rf.kind}: {type(exc).__name__}: {exc}")
+    report.lines = result.lines
+    report.events = sink.event_count
+    report.samples = sink.sample_count
+    if result.note:
+        report.note = result.note
+    if result.warnings and not report.note:
+        report.note = result.warnings[0].split(": ", 1)[-1]
+    return sink, report, result
+
+
+def analyze(
+    paths: list[Path], options: Options | None = None, progress: Callable[[str], None] | None = None
+) -> Analysis:
+    """Analyse one run (a folder, a file, or several of them) and return everything learnt."""
+    options = options or Options()
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    run = discover(paths)
+    rules = load_rule_set(options.patterns)
+    scanner = TextScanner(rules, line_extractors())
+    timings["discover"] = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
+    jobs = options.jobs or os.cpu_count() or 1
+    ordered = sorted(run.files, key=lambda f: -f.bytes)  # big files first keep the pool busy
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        results = dict(zip([f.rel for f in ordered], pool.map(lambda f: _read_one(f, scanner), ordered), strict=False))
+    timings["read"] = time.perf_counter() - t1
+
+    t2 = time.perf_counter()
+    warnings = list(run.warnings)
+    reports, event_frames, series_frames, marks = [], [], [], []
+    config: dict = {}
+    environment: dict = {}
+    for rf in run.files:
+        sink, report, result = results[rf.rel]
+        reports.append(report)
+        event_frames.append(sink.events())
+        series_frames.append(sink.series())
+        marks.extend(sink.step_marks)
+        warnings.extend(result.warnings)
+        config.update(result.config)
+        environment.update(result.environment)
+    events = pl.concat(event_frames) if event_frames else empty_events()
+    series = pl.concat(series_frames) if series_frames else empty_series()
+    events = enrich(events)
+    file_order = {rf.rel: i for i, rf in enumerate(run.files)}
+    by_id = {r.id: r for r in rules}
+    findings = build_findings(events, by_id, file_order)
+    verdict = diagnose(events, findings, marks)
+    timings["diagnose"] = time.perf_counter() - t2
+    timings["total"] = time.perf_counter() - t0
+    return Analysis(
+        run_path=", ".join(str(p) for p in paths),
+        run_name=run.name,
+        files=reports,
+        events=events,
+        series=series,
+        findings=findings,
+        verdict=verdict,
+        config=config,
+        environment=environment,
+        warnings=warnings,
+        timings=timings,
+    )

@@ -1,0 +1,171 @@
+"""Who printed a line and when: Ray, torchrun, c10 and NCCL prefixes, and timestamps.
+
+Applied only to the few lines that matched something, so plain Python regexes are fine here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import PurePosixPath
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+RAY_PREFIX = re.compile(r"^\((?:(?P<name>[^()]*?) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^)\s]+))?\)\s?")
+RAY_SYSTEM_PREFIX = re.compile(r"^\((?P<src>raylet|gcs_server|autoscaler[^,)]*)(?:, ip=(?P<ip>[^)\s]+))?\)\s?")
+TORCHRUN_PREFIX = re.compile(r"^\[(?:default|rank)(?P<rank>\d+)\]:\s?")
+C10_PREFIX = re.compile(
+    r"^\[(?P<sev>[IWEF])(?:(?P<mmdd>\d{3,4}) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?))?(?: \d+)? [\w./-]+:\d+\]\s?"
+)
+NCCL_PREFIX = re.compile(
+    r"^(?:\[(?P<ts>\d{4}-\d\d-\d\d [^\]]+)\] )?(?P<host>[^:\s]+):(?P<pid>\d+):(?P<tid>\d+) "
+    r"(?:\[(?P<dev>\d+)\] )?.*?NCCL (?:INFO|WARN|TRACE|CALL)"
+)
+RANK_IN_MESSAGE = re.compile(
+    r"\[(?:PG [^\]]*?)?Rank (?P<rank>\d+)\]|\bon rank (?P<rank2>\d+)\b|\brank(?:=| )(?P<rank3>\d+)\b"
+)
+PYLOG_LEVEL = re.compile(r"\b(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b")
+GLOG_LEVEL = {"I": "info", "W": "warning", "E": "error", "F": "critical"}
+
+ISO_TS = re.compile(
+    r"(?P<y>\d{4})[-/](?P<mo>\d\d)[-/](?P<d>\d\d)[ T_](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,](?P<frac>\d{1,9}))?"
+)
+MONTHDAY_TS = re.compile(r"\b(?P<mo>\d\d)-(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,](?P<frac>\d{1,9}))?")
+
+TORCHRUN_FILE = re.compile(r"(?:^|/)attempt_\d+/(?P<rank>\d+)/(?:stdout|stderr|error)\.(?:log|json)$")
+RAY_WORKER_FILE = re.compile(
+    r"(?:^|/)(?:worker|python-core-worker|python-core-driver)-[0-9a-f]+(?:-[0-9a-f]+)?[-_](?P<pid>\d+)\.(?:out|err|log)$"
+)
+NCCL_DEBUG_FILE = re.compile(r"\.(?P<host>[\w-]+)\.(?P<pid>\d+)(?:\.log)?$")
+
+
+@dataclass
+class LineContext:
+    """What the prefixes of one line tell about its origin."""
+
+    body: str
+    rank: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    role: str | None = None
+    level: str | None = None
+    ts: datetime | None = None
+
+
+@dataclass(frozen=True)
+class FileContext:
+    """What a file's path tells about every line in it."""
+
+    rank: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    role: str | None = None
+    year: int | None = None
+
+
+def file_context(rel_path: str) -> FileContext:
+    path = PurePosixPath(rel_path).as_posix()
+    m = TORCHRUN_FILE.search(path)
+    if m:
+        return FileContext(rank=int(m["rank"]))
+    m = RAY_WORKER_FILE.search(path)
+    if m:
+        return FileContext(pid=int(m["pid"]))
+    return FileContext()
+
+
+def _frac_us(frac: str | None) -> int:
+    return int((frac or "0")[:6].ljust(6, "0"))
+
+
+def parse_timestamp(text: str, default_year: int | None = None) -> datetime | None:
+    """The first timestamp in `text`, read as UTC; month-day forms take `default_year`."""
+    m = ISO_TS.search(text)
+    if m:
+        try:
+            return datetime(
+                int(m["y"]),
+                int(m["mo"]),
+                int(m["d"]),
+                int(m["h"]),
+                int(m["mi"]),
+                int(m["s"]),
+                _frac_us(m["frac"]),
+                tzinfo=timezone.utc,
+            )
+        except ValueError:
+            return None
+    if default_year is None:
+        return None
+    m = MONTHDAY_TS.search(text)
+    if m:
+        try:
+            return datetime(
+                default_year,
+                int(m["mo"]),
+                int(m["d"]),
+                int(m["h"]),
+                int(m["mi"]),
+                int(m["s"]),
+                _frac_us(m["frac"]),
+                tzinfo=timezone.utc,
+            )
+        except ValueError:
+            return None
+    return None
+
+
+def _c10_timestamp(mmdd: str, hms: str, year: int | None) -> datetime | None:
+    if year is None:
+        return None
+    month, day = (int(mmdd[:-2]), int(mmdd[-2:]))
+    try:
+        h, mi, s = hms.split(":")
+        sec, _, frac = s.partition(".")
+        return datetime(year, month, day, int(h), int(mi), int(sec), _frac_us(frac), tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
+def attribute(line: str, fctx: FileContext) -> LineContext:
+    """Peel the known prefixes off `line` and say what they tell."""
+    text = ANSI.sub("", line).rstrip("\r\n")
+    ctx = LineContext(body=text, rank=fctx.rank, pid=fctx.pid, host=fctx.host, role=fctx.role)
+    m = RAY_PREFIX.match(text)
+    if m:
+        ctx.role = (m["name"] or "").strip() or ctx.role
+        ctx.pid = int(m["pid"])
+        ctx.host = m["ip"] or ctx.host
+        text = text[m.end() :]
+    else:
+        m = RAY_SYSTEM_PREFIX.match(text)
+        if m:
+            ctx.role = m["src"].split(" ")[0]
+            ctx.host = m["ip"] or ctx.host
+            text = text[m.end() :]
+    m = TORCHRUN_PREFIX.match(text)
+    if m:
+        ctx.rank = int(m["rank"])
+        text = text[m.end() :]
+    m = C10_PREFIX.match(text)
+    if m:
+        ctx.level = GLOG_LEVEL[m["sev"]]
+        if m["mmdd"] and m["hms"]:
+            ctx.ts = _c10_timestamp(m["mmdd"], m["hms"], fctx.year)
+    m = NCCL_PREFIX.match(text)
+    if m:
+        ctx.host = m["host"]
+        ctx.pid = int(m["pid"])
+    if ctx.rank is None:
+        m = RANK_IN_MESSAGE.search(text)
+        if m:
+            ctx.rank = int(m["rank"] or m["rank2"] or m["rank3"])
+    if ctx.ts is None:
+        ctx.ts = parse_timestamp(text, fctx.year)
+    if ctx.level is None:
+        m = PYLOG_LEVEL.search(text[:80])
+        if m:
+            level = m["level"].lower()
+            ctx.level = {"warn": "warning", "fatal": "critical"}.get(level, level)
+    ctx.body = text
+    return ctx

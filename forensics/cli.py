@@ -1,0 +1,176 @@
+"""The command line: thin click commands over the library."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from forensics import __version__
+from forensics.analyze import Options, analyze
+from forensics.model import severity_rank
+from forensics.report.html import render_html
+from forensics.report.json_report import dumps, to_json_dict
+from forensics.report.markdown import render_markdown
+from forensics.report.terminal import print_summary
+from forensics.resources import patterns_dir
+from forensics.rules import RuleLoadError, load_rules
+
+SEVERITY_CHOICES = click.Choice(["info", "warning", "error", "critical"])
+
+
+def _inside(path: Path, folders: list[Path]) -> bool:
+    target = path.resolve()
+    for folder in folders:
+        root = folder.resolve()
+        if root.is_dir() and (target == root or root in target.parents):
+            return True
+    return False
+
+
+def _write(path: str, text: str, inputs: list[Path]) -> None:
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    out = Path(path)
+    if _inside(out, inputs):
+        raise click.UsageError(f"{path} is inside the run folder, which forensics never modifies; write it elsewhere")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+
+
+@click.group()
+@click.version_option(__version__, prog_name="forensics")
+def main() -> None:
+    """What failed first in a multi-GPU LLM RL run, on which rank, why, and what to change."""
+
+
+@main.command("analyze")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "json_out", metavar="FILE|-", help="Write the JSON result (schema forensics.report/v1).")
+@click.option("-o", "--output", metavar="FILE", help="HTML report path [default: ./<run-name>.forensics.html].")
+@click.option("--no-html", is_flag=True, help="Do not write the HTML report.")
+@click.option("--md", "md_out", metavar="FILE|-", help="Write a ticket-sized Markdown summary.")
+@click.option("--fail-on", type=SEVERITY_CHOICES, help="Exit 1 when a finding is at or above this severity.")
+@click.option(
+    "--patterns",
+    "pattern_dirs",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A folder of extra rules; overlays the bundled rules by id. Repeatable.",
+)
+@click.option("--no-redact", is_flag=True, help="Show secrets found in the logs instead of redacting them.")
+@click.option("--jobs", type=int, default=0, show_default="one per CPU", help="Files read in parallel.")
+@click.option("--profile", is_flag=True, help="Print the time spent in each stage.")
+@click.option("-q", "--quiet", is_flag=True, help="No terminal summary.")
+def analyze_cmd(
+    paths: tuple[Path, ...],
+    json_out: str | None,
+    output: str | None,
+    no_html: bool,
+    md_out: str | None,
+    fail_on: str | None,
+    pattern_dirs: tuple[Path, ...],
+    no_redact: bool,
+    jobs: int,
+    profile: bool,
+    quiet: bool,
+) -> None:
+    """Analyse one run: a folder, a log file, or several of them (e.g. Ray session folders of each node)."""
+    inputs = list(paths)
+    for p in inputs:
+        if not p.exists():
+            raise click.BadParameter(f"{p}: no such file or folder", param_hint="PATHS")
+    try:
+        result = analyze(inputs, Options(patterns=list(pattern_dirs), jobs=jobs))
+    except RuleLoadError as exc:
+        raise click.ClickException(
+            f"invalid rules:\n{exc}\nRun `forensics patterns lint DIR` for every problem."
+        ) from exc
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    redact_secrets = not no_redact
+    doc = to_json_dict(result, redact_secrets)
+    console = Console(stderr=json_out == "-" or md_out == "-", highlight=False)
+    report_path = None
+    if not no_html:
+        report_path = output or f"{result.run_name}.forensics.html"
+        _write(report_path, render_html(result, redact_secrets), inputs)
+    if json_out:
+        _write(json_out, dumps(result, redact_secrets) + "\n", inputs)
+    if md_out:
+        _write(md_out, render_markdown(doc), inputs)
+    if not quiet:
+        print_summary(doc, console, report_path)
+    if profile:
+        for stage, seconds in result.timings.items():
+            console.print(f"[dim]{stage:>10}: {seconds:8.3f} s[/]")
+    if fail_on and any(severity_rank(f.severity) >= severity_rank(fail_on) for f in result.findings):
+        sys.exit(1)
+
+
+@main.group("patterns")
+def patterns_group() -> None:
+    """The rule library: list, show, test and lint rules."""
+
+
+def _rules(extra: tuple[Path, ...]):
+    try:
+        rules, _ = load_rules([patterns_dir(), *extra])
+    except RuleLoadError as exc:
+        raise click.ClickException(f"invalid rules:\n{exc}") from exc
+    return rules
+
+
+@patterns_group.command("list")
+@click.option("--patterns", "extra", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+def patterns_list(extra: tuple[Path, ...]) -> None:
+    """One line per rule: id, class, severity, title."""
+    for rule in _rules(extra):
+        click.echo(f"{rule.id:34} {rule.cls:22} {rule.severity:9} {rule.title}")
+
+
+@patterns_group.command("show")
+@click.argument("rule_id")
+@click.option("--patterns", "extra", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+def patterns_show(rule_id: str, extra: tuple[Path, ...]) -> None:
+    """Print one rule's file."""
+    for rule in _rules(extra):
+        if rule.id == rule_id:
+            click.echo(f"# {rule.path}")
+            base = next((d for d in [*extra, patterns_dir()] if (d / rule.path).is_file()), patterns_dir())
+            click.echo((base / rule.path).read_text(encoding="utf-8"))
+            return
+    raise click.ClickException(f"no rule {rule_id!r}; `forensics patterns list` shows them")
+
+
+@patterns_group.command("lint")
+@click.argument("dirs", nargs=-1, type=click.Path(exists=True, file_okay=False, path_type=Path))
+def patterns_lint(dirs: tuple[Path, ...]) -> None:
+    """Report every problem in the rules at once (the bundled ones when no DIR is given)."""
+    _, errors = load_rules(list(dirs) or [patterns_dir()], collect=True)
+    for error in errors:
+        click.echo(str(error))
+    if errors:
+        raise click.ClickException(f"{len(errors)} problem(s)")
+    click.echo("all rules are valid")
+
+
+@patterns_group.command("test")
+@click.option("--patterns", "extra", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+def patterns_test(extra: tuple[Path, ...]) -> None:
+    """Run every rule's own match / no_match examples."""
+    _, errors = load_rules([patterns_dir(), *extra], collect=True)
+    rules = _rules(extra) if not errors else []
+    examples = sum(len(r.examples_match) + len(r.examples_no_match) for r in rules)
+    for error in errors:
+        click.echo(f"FAIL {error}")
+    if errors:
+        raise click.ClickException(f"{len(errors)} rule problem(s)")
+    click.echo(f"{len(rules)} rules, {examples} examples: all pass")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Frames to plotly figures. Pure: no file access, no rendering."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import polars as pl
+
+from forensics.model import Analysis
+
+TRAINING_METRICS = (
+    "actor/pg_loss",
+    "actor/loss",
+    "critic/vf_loss",
+    "actor/kl_loss",
+    "actor/entropy",
+    "actor/grad_norm",
+    "critic/score/mean",
+    "critic/rewards/mean",
+    "response_length/mean",
+    "actor/ppo_kl",
+    "actor/pg_clipfrac",
+)
+THROUGHPUT_METRICS = ("perf/throughput", "timing_s/step", "timing_s/gen", "timing_s/update_actor")
+MEMORY_METRICS = ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb")
+CLASS_COLOURS = {
+    "cuda_oom": "#d62728",
+    "host_oom": "#e377c2",
+    "nccl_timeout": "#ff7f0e",
+    "nccl_error": "#bcbd22",
+    "process_killed": "#8c564b",
+    "cuda_error": "#9467bd",
+    "training_instability": "#17becf",
+}
+_LAYOUT = {"template": "plotly_white", "height": 320, "margin": {"l": 60, "r": 20, "t": 40, "b": 40}}
+
+
+def _by_step(series: pl.DataFrame, metrics: tuple[str, ...]) -> pl.DataFrame:
+    return (
+        series.filter(pl.col("metric").is_in(metrics) & pl.col("step").is_not_null())
+        .group_by("metric", "step")
+        .agg(pl.col("value").mean())
+        .sort("metric", "step")
+    )
+
+
+def _step_figure(
+    series: pl.DataFrame, metrics: tuple[str, ...], title: str, marker_step: int | None
+) -> go.Figure | None:
+    data = _by_step(series, metrics)
+    if data.is_empty():
+        return None
+    fig = go.Figure()
+    for metric in [m for m in metrics if m in set(data.get_column("metric").to_list())]:
+        part = data.filter(pl.col("metric") == metric)
+        visible = True if metric in metrics[:3] or metric in MEMORY_METRICS + THROUGHPUT_METRICS[:2] else "legendonly"
+        fig.add_trace(
+            go.Scatter(
+                x=part["step"].to_list(),
+                y=part["value"].to_list(),
+                mode="lines+markers",
+                name=metric,
+                visible=visible,
+                marker={"size": 4},
+            )
+        )
+    if marker_step is not None:
+        fig.add_vline(
+            x=marker_step,
+            line_dash="dash",
+            line_color="#d62728",
+            annotation_text=f"failure (step {marker_step})",
+            annotation_position="top left",
+        )
+    fig.update_layout(title=title, xaxis_title="step", **_LAYOUT)
+    return fig
+
+
+def gpu_memory_figure(series: pl.DataFrame) -> go.Figure | None:
+    used = series.filter((pl.col("source") == "nvidia_smi") & (pl.col("metric") == "gpu/memory_used_mib"))
+    if used.is_empty():
+        return None
+    total = series.filter((pl.col("source") == "nvidia_smi") & (pl.col("metric") == "gpu/memory_total_mib"))
+    fig = go.Figure()
+    for gpu in sorted(used.get_column("rank").drop_nulls().unique().to_list()):
+        part = used.filter(pl.col("rank") == gpu).sort("ts")
+        fig.add_trace(
+            go.Scatter(x=part["ts"].to_list(), y=(part["value"] / 1024).to_list(), mode="lines", name=f"GPU {gpu} used")
+        )
+    if not total.is_empty():
+        fig.add_hline(y=float(total["value"].max()) / 1024, line_dash="dot", annotation_text="capacity")
+    fig.update_layout(title="GPU memory (nvidia-smi)", yaxis_title="GiB", **_LAYOUT)
+    return fig
+
+
+def gpu_util_figure(series: pl.DataFrame) -> go.Figure | None:
+    util = series.filter((pl.col("source") == "nvidia_smi") & (pl.col("metric") == "gpu/util_pct"))
+    if util.is_empty():
+        return None
+    fig = go.Figure()
+    for gpu in sorted(util.get_column("rank").drop_nulls().unique().to_list()):
+        part = util.filter(pl.col("rank") == gpu).sort("ts")
+        fig.add_trace(go.Scatter(x=part["ts"].to_list(), y=part["value"].to_list(), mode="lines", name=f"GPU {gpu}"))
+    fig.update_layout(title="GPU utilisation (nvidia-smi)", yaxis_title="%", **_LAYOUT)
+    return fig
+
+
+def timeline_figure(a: Analysis) -> go.Figure | None:
+    """Findings across ranks in time: the first domino stands out on the left."""
+    points = [f for f in a.findings if f.ts is not None]
+    if not points:
+        return None
+    fig = go.Figure()
+    root = a.verdict.root_cause
+    for cls in sorted({f.cls for f in points}):
+        group = [f for f in points if f.cls == cls]
+        fig.add_trace(
+            go.Scatter(
+                x=[f.ts for f in group],
+                y=[f"rank {f.rank}" if f.rank is not None else "run" for f in group],
+                mode="markers",
+                name=cls,
+                marker={
+                    "size": [18 if f is root else 11 for f in group],
+                    "color": CLASS_COLOURS.get(cls),
+                    "symbol": ["star" if f is root else "circle" for f in group],
+                },
+                text=[f"{f.rule} ×{f.count}<br>{f.evidence[0].file}:{f.evidence[0].line}" for f in group],
+                hovertemplate="%{x}<br>%{y}<br>%{text}<extra>" + cls + "</extra>",
+            )
+        )
+    fig.update_layout(title="Timeline of findings by rank (★ root cause)", **{**_LAYOUT, "height": 280})
+    return fig
+
+
+def figures(a: Analysis) -> list[tuple[str, go.Figure]]:
+    """Every figure the incident report shows, with an anchor name, in display order."""
+    step = a.verdict.root_cause.step if a.verdict.root_cause else None
+    candidates = [
+        ("timeline", timeline_figure(a)),
+        ("training", _step_figure(a.series, TRAINING_METRICS, "Training metrics by step", step)),
+        ("throughput", _step_figure(a.series, THROUGHPUT_METRICS, "Throughput and step time", step)),
+        ("memory", _step_figure(a.series, MEMORY_METRICS, "Peak GPU memory by step (GiB, max over ranks)", step)),
+        ("gpu-memory", gpu_memory_figure(a.series)),
+        ("gpu-util", gpu_util_figure(a.series)),
+    ]
+    return [(name, fig) for name, fig in candidates if fig is not None]

@@ -1,0 +1,46 @@
+"""The short terminal summary: status, root cause, evidence with file:line, what to change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+STATUS_STYLE = {"failed": "bold white on red", "degraded": "bold black on yellow", "healthy": "bold white on green"}
+
+
+def print_summary(doc: dict[str, Any], console: Console, report_path: str | None = None) -> None:
+    v = doc["verdict"]
+    run = doc["run"]
+    console.print(
+        f"[{STATUS_STYLE.get(v['status'], 'bold')}] {v['status'].upper()} [/] "
+        f"[bold]{escape(run['name'])}[/]  "
+        f"[dim]{len(run['files'])} files · {run['ranks']} ranks · {run['steps']} steps[/]"
+    )
+    rc = v["root_cause"]
+    if rc is None:
+        console.print(escape(v["summary"]))
+    else:
+        where = f" on rank {rc['rank']}" if rc["rank"] is not None else ""
+        host = f" ({rc['host']})" if rc["host"] else ""
+        step = f", step {rc['step']}" if rc.get("step") is not None else ""
+        console.print(
+            f"[bold]Root cause:[/] {escape(rc['title'])}{where}{escape(host)}{step} "
+            f"[dim]class {rc['class']}, rule {rc['rule']}, confidence {rc['confidence']:.0%}[/]"
+        )
+        if rc.get("explanation"):
+            console.print(f"[bold]Why:[/] {escape(rc['explanation'])}")
+        for e in rc["evidence"][:2]:
+            console.print(f"  [cyan]{escape(e['file'])}:{e['line']}[/]  {escape(e['text'][:240])}")
+        for s in v["symptoms"][:6]:
+            ranks = ", ".join(map(str, s["ranks"])) or "–"
+            console.print(f"  [dim]then {s['class']} on rank(s) {ranks} ({s['count']} lines)[/]")
+        if rc["remediation"]:
+            console.print("[bold]What to change:[/]")
+            for r in rc["remediation"][:3]:
+                console.print(f"  • {escape(r)}")
+    for w in doc["warnings"][:5]:
+        console.print(f"[yellow]warning:[/] {escape(w)}")
+    if report_path:
+        console.print(f"[dim]report:[/] {escape(report_path)}")

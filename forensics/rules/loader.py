@@ -1,0 +1,319 @@
+"""Load rules from YAML strictly: every problem names its file, line and key.
+
+A linter collects every problem (`collect=True`); a library caller fails on the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import regex
+import yaml
+
+from forensics.rules.model import LAYERS, SEVERITIES, TAXONOMY, MatchClause, Rule
+
+ALLOWED_KEYS = {
+    "id",
+    "title",
+    "class",
+    "severity",
+    "layer",
+    "description",
+    "match",
+    "extract",
+    "extract_window",
+    "symptom_of",
+    "remediation",
+    "references",
+    "examples",
+    "notes",
+}
+REQUIRED_KEYS = ("id", "title", "class", "severity", "layer", "description", "match", "examples")
+CLAUSE_KEYS = {"regex", "followed_by", "window"}
+ID_SHAPE = regex.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+
+
+@dataclass(frozen=True)
+class RuleError:
+    path: str
+    line: int
+    key: str
+    message: str
+    rule_id: str = ""
+
+    def __str__(self) -> str:
+        who = f" (rule {self.rule_id})" if self.rule_id else ""
+        return f"{self.path}:{self.line}: {self.key}: {self.message}{who}"
+
+
+class RuleLoadError(Exception):
+    def __init__(self, errors: list[RuleError]):
+        self.errors = errors
+        super().__init__("\n".join(str(e) for e in errors))
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """Safe YAML that rejects duplicate keys and remembers where each key was written."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first on line {seen[key]})", key_node.start_mark
+            )
+        seen[key] = line
+    mapping = yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+    mapping["__lines__"] = seen
+    return mapping
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _rust_regex_error(pattern: str) -> str | None:
+    """Why polars' (Rust) regex engine refuses `pattern`, or None when it accepts it."""
+    try:
+        pl.Series([""]).str.contains(pattern)
+    except Exception as exc:  # polars raises ComputeError with the engine's message
+        return str(exc).splitlines()[0]
+    return None
+
+
+def _as_str_list(value: Any) -> list[str] | None:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    return None
+
+
+class _RuleBuilder:
+    """Turns one parsed YAML mapping into a Rule, collecting errors as it goes."""
+
+    def __init__(self, path: str, data: dict[str, Any]):
+        self.path = path
+        self.data = data
+        self.lines: dict[str, int] = data.pop("__lines__", {})
+        self.errors: list[RuleError] = []
+        self.rule_id = str(data.get("id", ""))
+
+    def error(self, key: str, message: str) -> None:
+        self.errors.append(RuleError(self.path, self.lines.get(key, 1), key, message, self.rule_id))
+
+    def check_regex(self, key: str, pattern: Any) -> str | None:
+        if not isinstance(pattern, str) or not pattern:
+            self.error(key, "must be a non-empty regex string")
+            return None
+        try:
+            regex.compile(pattern)
+        except regex.error as exc:
+            self.error(key, f"bad regex {pattern!r}: {exc}")
+            return None
+        rust = _rust_regex_error(pattern)
+        if rust:
+            self.error(key, f"regex {pattern!r} is not accepted by the vectorised engine: {rust}")
+            return None
+        return pattern
+
+    def build(self) -> Rule | None:
+        d = self.data
+        for key in d:
+            if key not in ALLOWED_KEYS:
+                self.error(key, f"unknown key; allowed: {', '.join(sorted(ALLOWED_KEYS))}")
+        for key in REQUIRED_KEYS:
+            if key not in d:
+                self.error(key, "required key is missing")
+        if self.errors:
+            return None
+        if not ID_SHAPE.match(self.rule_id):
+            self.error("id", f"{self.rule_id!r} is not kebab-case")
+        stem = Path(self.path).stem
+        if stem != self.rule_id:
+            self.error("id", f"the file must be named after the rule id ({self.rule_id}.yaml, not {stem})")
+        if d["class"] not in TAXONOMY:
+            self.error("class", f"{d['class']!r} is not in the taxonomy: {', '.join(TAXONOMY)}")
+        if d["severity"] not in SEVERITIES:
+            self.error("severity", f"{d['severity']!r} is not one of {', '.join(SEVERITIES)}")
+        if d["layer"] not in LAYERS:
+            self.error("layer", f"{d['layer']!r} is not one of {', '.join(LAYERS)}")
+        clauses = self.build_clauses(d["match"])
+        extract = d.get("extract") or {}
+        if not isinstance(extract, dict):
+            self.error("extract", "must map names to regexes")
+            extract = {}
+        extract.pop("__lines__", None)
+        for name, pattern in extract.items():
+            self.check_regex("extract", pattern)
+            if isinstance(pattern, str) and "(?P<" not in pattern:
+                self.error("extract", f"{name}: the regex has no named group to extract")
+        symptom_of = _as_str_list(d.get("symptom_of") or [])
+        if symptom_of is None:
+            self.error("symptom_of", "must be a list of classes")
+            symptom_of = []
+        for cls in symptom_of:
+            if cls not in TAXONOMY:
+                self.error("symptom_of", f"{cls!r} is not in the taxonomy")
+        remediation = _as_str_list(d.get("remediation") or [])
+        references = _as_str_list(d.get("references") or [])
+        if remediation is None:
+            self.error("remediation", "must be a list of strings")
+        if references is None:
+            self.error("references", "must be a list of strings")
+        examples = d.get("examples")
+        if not isinstance(examples, dict):
+            self.error("examples", "must have `match` and `no_match` lists")
+            return None
+        ex_lines = examples.pop("__lines__", {})
+        ex_match = _as_str_list(examples.get("match") or [])
+        ex_no = _as_str_list(examples.get("no_match") or [])
+        if not ex_match:
+            self.error("examples", "needs at least one `match` example")
+        if ex_no is None or not ex_no:
+            self.error("examples", "needs at least one `no_match` example")
+        for key in examples:
+            if key not in ("match", "no_match"):
+                self.errors.append(
+                    RuleError(self.path, ex_lines.get(key, 1), f"examples.{key}", "unknown key", self.rule_id)
+                )
+        window = d.get("extract_window", 0)
+        if not isinstance(window, int) or not 0 <= window <= 50:
+            self.error("extract_window", "must be an integer from 0 to 50")
+            window = 0
+        if self.errors:
+            return None
+        rule = Rule(
+            id=self.rule_id,
+            title=str(d["title"]),
+            cls=d["class"],
+            severity=d["severity"],
+            layer=d["layer"],
+            description=str(d["description"]).strip(),
+            match=tuple(clauses),
+            extract=dict(extract),
+            extract_window=window,
+            symptom_of=tuple(symptom_of),
+            remediation=tuple(remediation or ()),
+            references=tuple(references or ()),
+            examples_match=tuple(ex_match or ()),
+            examples_no_match=tuple(ex_no or ()),
+            path=self.path,
+        )
+        self.check_examples(rule)
+        return None if self.errors else rule
+
+    def build_clauses(self, raw: Any) -> list[MatchClause]:
+        if not isinstance(raw, list) or not raw:
+            self.error("match", "must be a non-empty list of {regex: ...} items")
+            return []
+        clauses = []
+        for item in raw:
+            if not isinstance(item, dict):
+                self.error("match", f"item {item!r} must be a mapping with a `regex`")
+                continue
+            item.pop("__lines__", None)
+            unknown = set(item) - CLAUSE_KEYS
+            if unknown:
+                self.error("match", f"unknown clause keys {sorted(unknown)}; allowed: {sorted(CLAUSE_KEYS)}")
+            pattern = self.check_regex("match", item.get("regex"))
+            followed = item.get("followed_by")
+            if followed is not None:
+                followed = self.check_regex("match", followed)
+            window = item.get("window", 0)
+            if not isinstance(window, int) or not 0 <= window <= 50:
+                self.error("match", "window must be an integer from 0 to 50")
+                window = 0
+            if followed and not window:
+                self.error("match", "followed_by needs a window (lines to look ahead)")
+            if pattern:
+                clauses.append(MatchClause(pattern, followed, window))
+        return clauses
+
+    def check_examples(self, rule: Rule) -> None:
+        for line in rule.examples_match:
+            if not _example_fires(rule, line):
+                self.error("examples", f"match example does not match: {line[:120]!r}")
+        for line in rule.examples_no_match:
+            if _example_fires(rule, line):
+                self.error("examples", f"no_match example matches: {line[:120]!r}")
+
+
+def _example_fires(rule: Rule, example: str) -> bool:
+    """Whether a (possibly multi-line) example fires the rule, in both regex engines alike."""
+    lines = example.split("\n")
+    series = pl.Series(lines)
+    for i, line in enumerate(lines):
+        clause = rule.matches(line)
+        rust_hit = any(bool(series.slice(i, 1).str.contains(f"(?m){c.regex}")[0]) for c in rule.match)
+        if (clause is not None) != rust_hit:
+            return False  # the two engines disagree: treat as a failing example
+        if clause is None:
+            continue
+        if clause.followed_by is None:
+            return True
+        follow = clause.compiled_followed_by
+        if follow is not None and any(follow.search(x) for x in lines[i + 1 : i + 1 + clause.window]):
+            return True
+    return False
+
+
+def load_rule_file(path: Path, root: Path | None = None) -> tuple[Rule | None, list[RuleError]]:
+    shown = str(path.relative_to(root)) if root and path.is_relative_to(root) else str(path)
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [RuleError(shown, 1, "file", f"cannot read: {exc}")]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = mark.line + 1 if mark else 1
+        return None, [RuleError(shown, line, "yaml", str(exc).replace("\n", " "))]
+    if not isinstance(data, dict):
+        return None, [RuleError(shown, 1, "file", "a rule file must hold one mapping")]
+    builder = _RuleBuilder(shown, data)
+    rule = builder.build()
+    return rule, builder.errors
+
+
+def rule_files(directories: Iterable[Path]) -> list[tuple[Path, Path]]:
+    """(file, root) for every rule file under the directories, in a stable order."""
+    found = []
+    for root in directories:
+        for path in sorted(root.rglob("*.yaml")) + sorted(root.rglob("*.yml")):
+            found.append((path, root))
+    return found
+
+
+def load_rules(directories: Iterable[Path], collect: bool = False) -> tuple[list[Rule], list[RuleError]]:
+    """Load every rule; later directories overlay earlier ones by rule id.
+
+    With `collect`, problems are returned; otherwise the first problem raises RuleLoadError.
+    """
+    by_id: dict[str, Rule] = {}
+    errors: list[RuleError] = []
+    dirs = list(directories)
+    for index, root in enumerate(dirs):
+        seen_here: dict[str, str] = {}
+        for path, base in rule_files([root]):
+            rule, errs = load_rule_file(path, base)
+            errors.extend(errs)
+            if errs and not collect:
+                raise RuleLoadError(errs)
+            if rule is None:
+                continue
+            if rule.id in seen_here:
+                err = RuleError(rule.path, 1, "id", f"duplicate rule id, also in {seen_here[rule.id]}", rule.id)
+                errors.append(err)
+                if not collect:
+                    raise RuleLoadError([err])
+                continue
+            seen_here[rule.id] = rule.path
+            if index > 0 or rule.id not in by_id:
+                by_id[rule.id] = rule
+    return sorted(by_id.values(), key=lambda r: (r.area, r.id)), errors

@@ -1,0 +1,106 @@
+"""The rule model: one YAML file per rule, validated strictly, tested by its own examples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import regex
+
+TAXONOMY = (
+    "cuda_oom",
+    "kv_cache_insufficient",
+    "host_oom",
+    "process_killed",
+    "nccl_timeout",
+    "nccl_error",
+    "collective_mismatch",
+    "ray_actor_died",
+    "ray_node_died",
+    "weight_key_mismatch",
+    "shape_mismatch",
+    "cuda_error",
+    "gpu_hardware",
+    "env_version_mismatch",
+    "config_error",
+    "training_instability",
+    "straggler",
+    "hang",
+    "disk_or_io",
+    "unknown_crash",
+)
+SEVERITIES = ("critical", "error", "warning", "info")
+LAYERS = ("infrastructure", "framework", "script")
+USER_REGEX_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class MatchClause:
+    """A line matching `regex`; with `followed_by`, that must match within the next `window` lines."""
+
+    regex: str
+    followed_by: str | None = None
+    window: int = 0
+
+    @property
+    def compiled(self) -> regex.Pattern:
+        return _compile(self.regex)
+
+    @property
+    def compiled_followed_by(self) -> regex.Pattern | None:
+        return _compile(self.followed_by) if self.followed_by else None
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    title: str
+    cls: str
+    severity: str
+    layer: str
+    description: str
+    match: tuple[MatchClause, ...]
+    extract: dict[str, str] = field(default_factory=dict)
+    extract_window: int = 0
+    symptom_of: tuple[str, ...] = ()
+    remediation: tuple[str, ...] = ()
+    references: tuple[str, ...] = ()
+    examples_match: tuple[str, ...] = ()
+    examples_no_match: tuple[str, ...] = ()
+    path: str = ""
+
+    @property
+    def area(self) -> str:
+        parts = self.path.replace("\\", "/").split("/")
+        return parts[-2] if len(parts) >= 2 else ""
+
+    def matches(self, line: str) -> MatchClause | None:
+        """The first clause whose main regex matches `line` (the one-line part of matching)."""
+        for clause in self.match:
+            if clause.compiled.search(line, timeout=USER_REGEX_TIMEOUT_S):
+                return clause
+        return None
+
+    def extract_fields(self, lines: list[str]) -> dict[str, str]:
+        """Named values found in the matched line or the `extract_window` lines after it."""
+        found: dict[str, str] = {}
+        for line in lines:
+            for clause in self.match:
+                m = clause.compiled.search(line, timeout=USER_REGEX_TIMEOUT_S)
+                if m:
+                    found.update({k: v for k, v in m.groupdict().items() if v is not None and k not in found})
+            for pattern in self.extract.values():
+                m = _compile(pattern).search(line, timeout=USER_REGEX_TIMEOUT_S)
+                if m:
+                    found.update({k: v for k, v in m.groupdict().items() if v is not None and k not in found})
+        return found
+
+
+_CACHE: dict[str, regex.Pattern] = {}
+
+
+def _compile(pattern: str) -> regex.Pattern:
+    compiled = _CACHE.get(pattern)
+    if compiled is None:
+        compiled = regex.compile(pattern)
+        _CACHE[pattern] = compiled
+    return compiled

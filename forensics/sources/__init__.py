@@ -1,0 +1,22 @@
+"""Source modules, one per input kind. Adding a kind = adding a module here.
+
+A module exports `EXTRACTORS` (line extractors run by the text scanner over every text log) and/or
+`FILE_SOURCES` (readers of whole structured files, chosen by sniffing name and first bytes).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from forensics.sources import nccl, nvidia_smi, torch_distributed, torchrun, traceback, verl
+from forensics.sources.base import FileSource, LineExtractor
+
+MODULES: list[ModuleType] = [verl, traceback, torchrun, torch_distributed, nccl, nvidia_smi]
+
+
+def line_extractors() -> list[LineExtractor]:
+    return [e for module in MODULES for e in getattr(module, "EXTRACTORS", [])]
+
+
+def file_sources() -> list[FileSource]:
+    return [s for module in MODULES for s in getattr(module, "FILE_SOURCES", [])]

@@ -1,0 +1,179 @@
+"""What a source module provides: line extractors for text logs, or a reader for a whole file kind."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from forensics.attribution import FileContext, LineContext
+from forensics.model import EVENT_SCHEMA, MESSAGE_CAP, SERIES_SCHEMA
+from forensics.textio import LineBatch
+
+
+@dataclass
+class Hit:
+    """A line that matched a trigger, with access to its neighbours in the batch."""
+
+    file: str
+    line: int
+    text: str
+    ctx: LineContext
+    batch: LineBatch
+    index: int
+    fctx: FileContext
+
+    def following(self, n: int) -> list[str]:
+        end = min(len(self.batch.lines), self.index + 1 + n)
+        return [self.batch.text(i) for i in range(self.index + 1, end)]
+
+    def preceding(self, n: int) -> list[str]:
+        start = max(0, self.index - n)
+        return [self.batch.text(i) for i in range(start, self.index)]
+
+
+@dataclass
+class LineRecord:
+    """The event a hit line becomes; extractors and rules fill it in."""
+
+    hit: Hit
+    kind: str | None = None
+    source: str = "log"
+    fields: dict[str, Any] = field(default_factory=dict)
+    rules: list[str] = field(default_factory=list)
+    level: str | None = None
+    notable: bool = True  # False: keep the line only when a rule also fires on it
+
+
+class Sink:
+    """Collects event and series rows from every reader, then builds the two tables."""
+
+    def __init__(self) -> None:
+        self._events: list[dict[str, Any]] = []
+        self._series: dict[str, list[Any]] = {k: [] for k in SERIES_SCHEMA}
+        self.step_marks: list[tuple[str, int, int]] = []  # (file, line, step) of each step line
+
+    def event(
+        self,
+        *,
+        file: str,
+        line: int,
+        source: str,
+        kind: str,
+        message: str,
+        ts: datetime | None = None,
+        host: str | None = None,
+        pid: int | None = None,
+        rank: int | None = None,
+        role: str | None = None,
+        level: str | None = None,
+        fields: dict[str, Any] | None = None,
+    ) -> None:
+        self._events.append(
+            {
+                "ts": ts,
+                "ts_inferred": False,
+                "file": file,
+                "line": line,
+                "source": source,
+                "host": host,
+                "pid": pid,
+                "rank": rank,
+                "role": role,
+                "level": level,
+                "kind": kind,
+                "message": message[:MESSAGE_CAP],
+                "fields": json.dumps(fields or {}, default=str),
+            }
+        )
+
+    def record(self, rec: LineRecord) -> None:
+        ctx = rec.hit.ctx
+        fields = dict(rec.fields)
+        if rec.rules:
+            fields["rules"] = rec.rules
+        self.event(
+            file=rec.hit.file,
+            line=rec.hit.line,
+            source=rec.source,
+            kind=rec.kind or "match",
+            message=ctx.body,
+            ts=ctx.ts,
+            host=ctx.host,
+            pid=ctx.pid,
+            rank=ctx.rank,
+            role=ctx.role,
+            level=rec.level or ctx.level,
+            fields=fields,
+        )
+
+    def sample(
+        self,
+        metric: str,
+        value: float,
+        *,
+        source: str,
+        step: int | None = None,
+        rank: int | None = None,
+        ts: datetime | None = None,
+    ) -> None:
+        s = self._series
+        s["ts"].append(ts)
+        s["step"].append(step)
+        s["rank"].append(rank)
+        s["source"].append(source)
+        s["metric"].append(metric)
+        s["value"].append(value)
+
+    @property
+    def event_count(self) -> int:
+        return len(self._events)
+
+    @property
+    def sample_count(self) -> int:
+        return len(self._series["metric"])
+
+    def events(self) -> pl.DataFrame:
+        return pl.DataFrame(self._events, schema=EVENT_SCHEMA)
+
+    def series(self) -> pl.DataFrame:
+        return pl.DataFrame(self._series, schema=SERIES_SCHEMA)
+
+
+@dataclass(frozen=True)
+class LineExtractor:
+    """Structure read from text-log lines that match `trigger` (a Rust-compatible regex).
+
+    `handle` receives the line's record and may set its kind and fields, and add series samples.
+    """
+
+    name: str
+    source: str
+    trigger: str
+    handle: Callable[[LineRecord, Sink], None]
+
+
+@dataclass
+class FileResult:
+    """What a whole-file reader found besides rows in the sink."""
+
+    note: str = ""
+    lines: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FileSource:
+    """A reader for one structured file kind (JSONL, CSV, pickle dumps, SQLite, traces)."""
+
+    kind: str
+    sniff: Callable[[str, bytes], bool]
+    read: Callable[[Path, str, Sink], FileResult]
