@@ -12,8 +12,10 @@ import re
 from forensics.sources.base import LineExtractor, LineRecord, Sink
 
 SOURCE = "python"
+# Python prints the exception line at the start of a line; loggers may put a `... file.py:N] ` header first.
+# Exception names in the middle of other text (C++ component logs quoting an `RpcError:`) are not exceptions.
 EXCEPTION_LINE = re.compile(
-    r"(?:^|[\s:\]|])(?P<cls>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|KeyboardInterrupt|SystemExit))"
+    r"^\s*(?:`?\s*|\S[^\]]*\]\s+)(?P<cls>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|KeyboardInterrupt|SystemExit))"
     r"(?:\((?P<cause>[\w.]+)\))?(?::\s?(?P<msg>.*)|\s*$)"
 )
 FRAME_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
