@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call: run a batch of scenarios on the 2-GPU machine and pack the run
+# folders into $OUT (split tarballs of <= 15 MiB, a summary, the whole log).
+# usage (from the repo root): scripts/capture/device_call.sh a|b [budget_s]
+set -u -o pipefail
+PART=$1; BUDGET=${2:-480}
+OUT=${OUT:-/tmp/capture_out}; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export CAPTURE_DEADLINE=$(( $(date +%s) + BUDGET ))
+R=scripts/capture/run_scenarios.sh
+main() {
+  date -u; uname -a; nvidia-smi -L; nvidia-smi --query-gpu=driver_version,name,memory.total --format=csv
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count())'
+  case $PART in
+    a) $R /root/runs oom_then_timeout stall_timeout_fr sigkill device_assert collective_mismatch \
+          collective_mismatch=collective_mismatch_noddp bad_socket_ifname leak_oom healthy ;;
+    b) CAPTURE_PORT0=29600 $R /root/runs nan_injection slow_rank trace_healthy trace_slow_rank trace_large
+       CAPTURE_PORT0=29700 $R /root/runs_v1 lr_divergence@0.05 lr_oscillation@3e-3
+       CAPTURE_PORT0=29800 $R /root/runs_v2 lr_divergence@0.2 lr_oscillation@6e-3
+       CAPTURE_PORT0=29900 $R /root/runs_v3 lr_divergence@1.0 lr_oscillation@1.2e-2 ;;
+    *) $R /root/runs "${@:3}" ;;
+  esac
+  {
+    for m in /root/runs*/*/capture_meta.json; do
+      d=$(dirname "$m"); echo "## $d $(cat "$m")"; (cd "$d" && find . -type f -printf '%10s %P\n' | sort -k2)
+    done
+  } > "$OUT/summary_$PART.txt"
+  (cd / && tar czf - root/runs*) | split -b 15m -d -a 1 - "$OUT/gpu_$PART.tar.gz.part"
+  ls -la "$OUT"; grep '^## ' "$OUT/summary_$PART.txt"
+}
+main "$@" 2>&1 | tee "$OUT/log_$PART.txt"
