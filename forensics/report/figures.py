@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 import polars as pl
+from plotly.subplots import make_subplots
 
 from forensics.model import Analysis
 
@@ -44,34 +45,43 @@ def _by_step(series: pl.DataFrame, metrics: tuple[str, ...]) -> pl.DataFrame:
 
 
 def _step_figure(
-    series: pl.DataFrame, metrics: tuple[str, ...], title: str, marker_step: int | None
+    series: pl.DataFrame, metrics: tuple[str, ...], title: str, marker_step: int | None, columns: int = 2
 ) -> go.Figure | None:
+    """Small multiples: one panel per metric that was logged, each with its own y axis."""
     data = _by_step(series, metrics)
     if data.is_empty():
         return None
-    fig = go.Figure()
-    for metric in [m for m in metrics if m in set(data.get_column("metric").to_list())]:
+    present = set(data.get_column("metric").to_list())
+    shown = [m for m in metrics if m in present][:8]
+    rows = (len(shown) + columns - 1) // columns
+    fig = make_subplots(
+        rows=rows,
+        cols=columns,
+        subplot_titles=shown,
+        horizontal_spacing=0.08,
+        vertical_spacing=min(0.12, 0.5 / max(rows, 1)),
+    )
+    for i, metric in enumerate(shown):
         part = data.filter(pl.col("metric") == metric)
-        visible = True if metric in metrics[:3] or metric in MEMORY_METRICS + THROUGHPUT_METRICS[:2] else "legendonly"
+        row, col = divmod(i, columns)
         fig.add_trace(
             go.Scatter(
                 x=part["step"].to_list(),
                 y=part["value"].to_list(),
                 mode="lines+markers",
                 name=metric,
-                visible=visible,
                 marker={"size": 4},
-            )
+                showlegend=False,
+            ),
+            row=row + 1,
+            col=col + 1,
         )
-    if marker_step is not None:
-        fig.add_vline(
-            x=marker_step,
-            line_dash="dash",
-            line_color="#d62728",
-            annotation_text=f"failure (step {marker_step})",
-            annotation_position="top left",
-        )
-    fig.update_layout(title=title, xaxis_title="step", **_LAYOUT)
+        if marker_step is not None:
+            fig.add_vline(x=marker_step, line_dash="dash", line_color="#d62728", row=row + 1, col=col + 1)
+    fig.update_layout(
+        title=title + (f" (dashed: failure at step {marker_step})" if marker_step is not None else ""),
+        **{**_LAYOUT, "height": 60 + 230 * rows},
+    )
     return fig
 
 

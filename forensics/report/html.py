@@ -17,6 +17,7 @@ from typing import Any
 import jinja2
 import plotly.io as pio
 import plotly.offline
+from markupsafe import Markup
 
 from forensics import __version__
 from forensics.model import Analysis
@@ -30,9 +31,10 @@ def _plotly_js_gz_b64() -> str:
     return base64.b64encode(gzip.compress(plotly.offline.get_plotlyjs().encode(), 9)).decode()
 
 
-def script_safe_json(value: Any) -> str:
-    """JSON that can sit inside <script> whatever strings it holds."""
-    return json.dumps(value, default=str).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+def script_safe_json(value: Any) -> Markup:
+    """JSON that can sit inside <script> whatever strings it holds: `<`, `>` and `&` become escapes."""
+    text = json.dumps(value, default=str).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return Markup(text)  # safe: every character that could end the element is escaped above
 
 
 def _environment() -> jinja2.Environment:
