@@ -70,7 +70,9 @@ def test_invalid_rules_name_file_line_and_key(tmp_path, change, key, message):
 
 
 def test_lint_collects_every_problem(tmp_path):
-    _write(tmp_path, "my-rule.yaml", GOOD.replace("severity: error", "severity: bad").replace("layer: script", "layer: x"))
+    _write(
+        tmp_path, "my-rule.yaml", GOOD.replace("severity: error", "severity: bad").replace("layer: script", "layer: x")
+    )
     _, errors = load_rules([tmp_path], collect=True)
     assert {e.key for e in errors} == {"severity", "layer"}
 
