@@ -21,8 +21,8 @@ Scenarios (default: all, in this order):
 For each scenario, under <out>/<scenario>/:
   driver.log                         stdout+stderr of the driver (python main_ppo.py ...)
   ray_session/session_<...>/logs/    copy of the Ray session's logs/ (single-node scenarios)
-  ray_session_node1/..., ray_session_node2/...   (ray_node_died: one copy per node temp dir)
-  ray_start_head.log, ray_start_node2.log        (ray_node_died: output of `ray start`)
+  ray_session_node1/..., ray_session_node2/...   (ray_node_died/_hang: one copy per node temp dir)
+  ray_start_head.log, ray_start_node2.log        (ray_node_died/_hang: output of `ray start`)
   outputs/<date>/<time>/             Hydra's run dir (as verl leaves it in its cwd)
   capture_meta.json                  what was run, env overrides, exit code, timings
 
@@ -195,7 +195,7 @@ def scenario_memory_monitor(scenario, outdir, meta):
     # Ray's ThresholdMemoryMonitor compares (total - MemAvailable) against threshold*total.
     vm = psutil.virtual_memory()
     used = vm.total - vm.available
-    ray_overhead = 1.5 * GIB  # measured roughly: a fresh local cluster + 3 actors adds ~1-1.5 GiB
+    ray_overhead = 1.5 * GIB  # rough upper estimate of what a fresh local cluster + 3 actors adds
     headroom = 1.5 * GIB  # the worker must grow about this much beyond the cluster's baseline
     threshold = round((used + ray_overhead + headroom) / vm.total, 3)
     cap_mb = 4096
