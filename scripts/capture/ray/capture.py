@@ -71,9 +71,12 @@ def free_port():
 
 
 # ---------------------------------------------------------------- process hygiene
-def tagged_procs(tag):
-    """Processes whose environment holds FORENSICS_CAPTURE_TAG=<tag> (i.e. started by us)."""
+def tagged_procs(tag, temp_dirs=()):
+    """Processes started by us for scenario <tag>: FORENSICS_CAPTURE_TAG=<tag> in the environment,
+    or (Ray's setproctitle can blank /proc/PID/environ and cmdline) a command line or an open file
+    under one of this scenario's Ray temp dirs."""
     needle = f"FORENSICS_CAPTURE_TAG={tag}".encode()
+    dirs = tuple(d.rstrip("/") + "/" for d in temp_dirs)
     me = os.getpid()
     out = []
     for p in psutil.process_iter(["pid"]):
@@ -82,15 +85,20 @@ def tagged_procs(tag):
         try:
             with open(f"/proc/{p.pid}/environ", "rb") as f:
                 env = f.read().split(b"\0")
-        except OSError:
+            if needle in env:
+                out.append(p)
+                continue
+            if dirs:
+                cmd = " ".join(p.cmdline())
+                if any(d in cmd for d in dirs) or any(f.path.startswith(dirs) for f in p.open_files()):
+                    out.append(p)
+        except (OSError, psutil.Error):
             continue
-        if needle in env:
-            out.append(p)
     return out
 
 
-def kill_tagged(tag, grace=10.0):
-    procs = tagged_procs(tag)
+def kill_tagged(tag, temp_dirs=(), grace=10.0):
+    procs = tagged_procs(tag, temp_dirs)
     if not procs:
         return []
     desc = []
@@ -186,7 +194,7 @@ def run_single_node(scenario, outdir, meta, steps=20, fault=None, extra_env=None
     meta["driver_exit_code"] = rc
     meta["driver_wall_s"] = round(time.time() - t0, 1)
     time.sleep(1)
-    meta["leftover_killed"] = kill_tagged(scenario)
+    meta["leftover_killed"] = kill_tagged(scenario, [temp_dir])
     meta["session_logs"] = copy_session_logs(temp_dir, os.path.join(outdir, "ray_session"))
     return rc
 
@@ -319,7 +327,7 @@ def scenario_node_died(scenario, outdir, meta, mode="kill", trigger_step=5):
                 p.send_signal(signal.SIGKILL)
             except psutil.NoSuchProcess:
                 pass
-        meta["leftover_killed"] = kill_tagged(scenario, grace=15)
+        meta["leftover_killed"] = kill_tagged(scenario, [head_tmp, node2_tmp], grace=15)
         meta["session_logs_node1"] = copy_session_logs(head_tmp, os.path.join(outdir, "ray_session_node1"))
         meta["session_logs_node2"] = copy_session_logs(node2_tmp, os.path.join(outdir, "ray_session_node2"))
     return rc
@@ -352,7 +360,9 @@ def run_scenario(scenario, out_root):
             raise SystemExit(f"unknown scenario {scenario}")
     finally:
         meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        meta["still_running_after_cleanup"] = [p.pid for p in tagged_procs(scenario)]
+        dirs = [os.path.join(TMP_ROOT, d) for d in ("n", "n2")] if SHORT[scenario] == "n" else \
+            [os.path.join(TMP_ROOT, SHORT[scenario])]
+        meta["still_running_after_cleanup"] = [p.pid for p in tagged_procs(scenario, dirs)]
         with open(os.path.join(outdir, "capture_meta.json"), "w") as f:
             json.dump(meta, f, indent=1, default=str)
         log(f"{scenario}: exit={meta.get('driver_exit_code')} leftovers={meta['leftover_killed']}")
