@@ -18,6 +18,10 @@ main() {
        CAPTURE_PORT0=29700 $R /root/runs_v1 lr_divergence@0.05 lr_oscillation@3e-3
        CAPTURE_PORT0=29800 $R /root/runs_v2 lr_divergence@0.2 lr_oscillation@6e-3
        CAPTURE_PORT0=29900 $R /root/runs_v3 lr_divergence@1.0 lr_oscillation@1.2e-2 ;;
+    c) i=0; for lr in 4e-3 5e-3 7e-3 8e-3 9e-3 1e-2; do i=$((i+1))
+         CAPTURE_PORT0=$((30000 + 10*i)) $R /root/runs_o$i lr_oscillation@$lr; done ;;
+    d) i=0; for c in sgd:0.9@1.0 sgd:0.9@2.0 sgd:0.9@4.0 adamw:0.0,0.99@3e-3 adamw:0.0,0.99@5e-3 adamw:0.9,0.95@4e-3; do
+         i=$((i+1)); CAPTURE_OPTIM=${c%@*} CAPTURE_PORT0=$((30100 + 10*i)) $R /root/runs_p$i lr_oscillation@${c#*@}; done ;;
     *) $R /root/runs "${@:3}" ;;
   esac
   {

@@ -76,7 +76,7 @@ for spec in "$@"; do
   [ -d "$run/fr" ] && [ -z "$(ls -A "$run/fr")" ] && rmdir "$run/fr"
   dur=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}')
   # provenance for the lead engineer (not something a user's folder would have)
-  printf '{"scenario":"%s","lr":"%s","exit_code":%d,"duration_s":%s,"env":"%s","port":%d}\n' \
-    "$name" "$lr" "$rc" "$dur" "${envs[*]}" "$port" > "$run/capture_meta.json"
+  printf '{"scenario":"%s","lr":"%s","optim":"%s","exit_code":%d,"duration_s":%s,"env":"%s","port":%d}\n' \
+    "$name" "$lr" "${CAPTURE_OPTIM:-adamw}" "$rc" "$dur" "${envs[*]}" "$port" > "$run/capture_meta.json"
   echo "=== scenario $folder exit=$rc duration=${dur}s size=$(du -sh "$run" | cut -f1)"
 done

@@ -181,7 +181,13 @@ def main():
     if no_ddp:
         for p in model.parameters():
             dist.broadcast(p.data, 0)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=lr, weight_decay=0.01)
+    optim_name = os.environ.get("CAPTURE_OPTIM", "adamw")  # adamw | adamw:b1,b2 | sgd:momentum
+    if optim_name.startswith("sgd"):
+        mom = float(optim_name.split(":")[1]) if ":" in optim_name else 0.0
+        opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=mom)
+    else:
+        betas = tuple(float(b) for b in optim_name.split(":")[1].split(",")) if ":" in optim_name else (0.9, 0.999)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=lr, betas=betas, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
     data = make_dataset(2048, seq, vocab, seed=100 + rank, device=dev)
     if rank == 0:
