@@ -13,6 +13,7 @@ import polars as pl
 
 from forensics.analyses.diagnosis import build_findings, diagnose
 from forensics.analyses.enrich import enrich
+from forensics.analyses.flight_recorder import flight_recorder_findings
 from forensics.model import Analysis, FileReport, empty_events, empty_series
 from forensics.resources import patterns_dir
 from forensics.rules import Rule, load_rules
@@ -79,6 +80,7 @@ def analyze(
     reports, event_frames, series_frames, marks = [], [], [], []
     config: dict = {}
     environment: dict = {}
+    extras: dict[str, list] = {}
     for rf in run.files:
         sink, report, result = results[rf.rel]
         reports.append(report)
@@ -88,12 +90,15 @@ def analyze(
         warnings.extend(result.warnings)
         config.update(result.config)
         environment.update(result.environment)
+        for key, value in result.extras.items():
+            extras.setdefault(key, []).append(value)
     events = pl.concat(event_frames) if event_frames else empty_events()
     series = pl.concat(series_frames) if series_frames else empty_series()
     events = enrich(events)
     file_order = {rf.rel: i for i, rf in enumerate(run.files)}
     by_id = {r.id: r for r in rules}
     findings = build_findings(events, by_id, file_order)
+    findings += flight_recorder_findings(extras.get("flight_recorder", []))
     verdict = diagnose(events, findings, marks)
     timings["diagnose"] = time.perf_counter() - t2
     timings["total"] = time.perf_counter() - t0
@@ -109,4 +114,5 @@ def analyze(
         environment=environment,
         warnings=warnings,
         timings=timings,
+        extras=extras,
     )

@@ -197,6 +197,7 @@ class Analysis:
     environment: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    extras: dict[str, list[Any]] = field(default_factory=dict)  # per-kind structured results of file readers
 
 
 def iso(ts: datetime | None) -> str | None:

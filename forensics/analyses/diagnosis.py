@@ -149,7 +149,8 @@ def _explains(cause: Finding, effect: Finding) -> bool:
 def _watchdog_suspect(events: pl.DataFrame) -> tuple[int | None, str]:
     """The rank that lags in collective sequence numbers, from watchdog and dump-signal lines."""
     state = events.filter(
-        pl.col("kind").is_in(["watchdog_work_state", "watchdog_timeout"]) & pl.col("rank").is_not_null()
+        pl.col("kind").is_in(["watchdog_work_state", "watchdog_timeout", "fr_rank_state"])
+        & pl.col("rank").is_not_null()
     )
     if state.is_empty():
         return None, ""
@@ -234,7 +235,7 @@ def diagnose(events: pl.DataFrame, findings: list[Finding], step_marks: list[tup
         confidence = 0.4
     if root.rank is None and any(f.rank is not None for f in findings):
         confidence -= 0.1
-    root.explanation = " ".join(explanation)
+    root.explanation = " ".join([root.explanation, *explanation]).strip()
     where = f" on rank {root.rank}" if root.rank is not None else ""
     host = f" ({root.host})" if root.host else ""
     consequence = f"; {len(explained)} other finding(s) are its consequences" if explained else ""

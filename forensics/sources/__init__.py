@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from forensics.sources import nccl, nvidia_smi, torch_distributed, torchrun, traceback, verl
+from forensics.sources import flight_recorder, nccl, nvidia_smi, torch_distributed, torchrun, traceback, verl
 from forensics.sources.base import FileSource, LineExtractor
 
-MODULES: list[ModuleType] = [verl, traceback, torchrun, torch_distributed, nccl, nvidia_smi]
+MODULES: list[ModuleType] = [verl, traceback, torchrun, torch_distributed, nccl, nvidia_smi, flight_recorder]
 
 
 def line_extractors() -> list[LineExtractor]:

@@ -50,9 +50,31 @@ def _block_fields(rec: LineRecord) -> dict[str, str]:
     return found
 
 
+def _apply_block(rec: LineRecord, block: dict[str, str]) -> None:
+    rank = RANK_FIELD.match(block.get("rank", ""))
+    if rank:
+        rec.hit.ctx.rank = int(rank["rank"])
+        if rank["local"]:
+            rec.fields["local_rank"] = int(rank["local"])
+    if block.get("host"):
+        rec.hit.ctx.host = block["host"]
+        rec.fields["host"] = block["host"]
+    if block.get("time"):
+        rec.hit.ctx.ts = parse_timestamp(block["time"]) or rec.hit.ctx.ts
+
+
 def _handle_exitcode(rec: LineRecord, sink: Sink) -> None:
-    m = EXITCODE.search(rec.hit.ctx.body)
+    body = rec.hit.ctx.body
+    m = EXITCODE.search(body)
     if not m:
+        sig = SIGNAL.search(body)
+        if sig and FIELD.match(body.strip()):  # the `traceback : Signal 9 (SIGKILL) received by PID` line
+            block = _block_fields(rec)
+            _apply_block(rec, block)
+            rec.kind = "torchrun_signal"
+            rec.source = SOURCE
+            rec.level = "error"
+            rec.fields["signal"] = sig["name"]
         return
     block = _block_fields(rec)
     if "rank" not in block and "host" not in block:
@@ -65,16 +87,7 @@ def _handle_exitcode(rec: LineRecord, sink: Sink) -> None:
     if m["pid"]:
         rec.fields["pid"] = int(m["pid"])
         rec.hit.ctx.pid = int(m["pid"])
-    rank = RANK_FIELD.match(block.get("rank", ""))
-    if rank:
-        rec.hit.ctx.rank = int(rank["rank"])
-        if rank["local"]:
-            rec.fields["local_rank"] = int(rank["local"])
-    if block.get("host"):
-        rec.hit.ctx.host = block["host"]
-        rec.fields["host"] = block["host"]
-    if block.get("time"):
-        rec.hit.ctx.ts = parse_timestamp(block["time"]) or rec.hit.ctx.ts
+    _apply_block(rec, block)
     sig = SIGNAL.search(block.get("traceback", ""))
     if sig:
         rec.fields["signal"] = sig["name"]
@@ -92,6 +105,7 @@ def _handle_agent(rec: LineRecord, sink: Sink) -> None:
         rec.source = SOURCE
         rec.level = "error"
         rec.fields.update(exitcode=code, local_rank=int(m["local"]), pid=int(m["pid"]))
+        rec.hit.ctx.pid = int(m["pid"])  # the agent's own pid is in the prefix; the child's rank comes from the pid map
         if code < 0:
             rec.fields["signal"] = SIGNAL_NAMES.get(-code, f"signal {-code}")
         return
@@ -104,7 +118,9 @@ def _handle_agent(rec: LineRecord, sink: Sink) -> None:
 
 
 EXTRACTORS = [
-    LineExtractor("torchrun_failure", SOURCE, r"exitcode\s*:\s*-?\d+", _handle_exitcode),
+    LineExtractor(
+        "torchrun_failure", SOURCE, r"exitcode\s*:\s*-?\d+|traceback\s*:\s*Signal \d+ \(SIG", _handle_exitcode
+    ),
     LineExtractor(
         "torchrun_agent",
         SOURCE,
