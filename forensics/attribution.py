@@ -144,9 +144,10 @@ def attribute(line: str, fctx: FileContext) -> LineContext:
             ctx.host = m["ip"] or ctx.host
             text = text[m.end() :]
     m = TORCHRUN_PREFIX.match(text)
-    if m:
+    while m:  # torchrun's `[default0]:` and c10's `[rank0]:` can both stand before a line
         ctx.rank = int(m["rank"])
         text = text[m.end() :]
+        m = TORCHRUN_PREFIX.match(text)
     m = C10_PREFIX.match(text)
     if m:
         ctx.level = GLOG_LEVEL[m["sev"]]

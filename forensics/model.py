@@ -141,6 +141,7 @@ class Verdict:
                 "host": f.host,
                 "role": f.role,
                 "ts": iso(f.ts),
+                "ts_inferred": f.ts_inferred,
                 "step": f.step,
                 "confidence": round(self.confidence, 2),
                 "explanation": f.explanation,

@@ -97,9 +97,27 @@ def build_findings(events: pl.DataFrame, rules: dict[str, Rule], file_order: dic
             for k, v in occ.fields.items():
                 if k != "rules":
                     finding.fields.setdefault(k, v)
-    findings = list(grouped.values())
+    findings = _fold_unranked(list(grouped.values()))
     findings.extend(_unknown_crash(events, findings, file_order))
     return sorted(findings, key=_sort_key)
+
+
+def _fold_unranked(findings: list[Finding]) -> list[Finding]:
+    """Lines of a rule with no known rank (torchrun's and Ray's re-prints of a rank's error) join that rule's
+    earliest ranked finding instead of standing as a failure of their own."""
+    ranked: dict[str, Finding] = {}
+    for f in sorted(findings, key=_sort_key):
+        if f.rank is not None:
+            ranked.setdefault(f.rule, f)
+    kept = []
+    for f in findings:
+        target = ranked.get(f.rule) if f.rank is None else None
+        if target is None:
+            kept.append(f)
+            continue
+        target.count += f.count
+        target.evidence.extend(f.evidence[: max(0, MAX_EVIDENCE - len(target.evidence))])
+    return kept
 
 
 def _unknown_crash(events: pl.DataFrame, findings: list[Finding], file_order: dict[str, int]) -> list[Finding]:

@@ -114,6 +114,11 @@ def gpu_util_figure(series: pl.DataFrame) -> go.Figure | None:
     return fig
 
 
+def _symbol(is_root: bool, inferred: bool) -> str:
+    """Stars for the root cause; open markers where the time was inferred from a neighbouring line."""
+    return ("star" if is_root else "circle") + ("-open" if inferred else "")
+
+
 def timeline_figure(a: Analysis) -> go.Figure | None:
     """Findings across ranks in time: the first domino stands out on the left."""
     points = [f for f in a.findings if f.ts is not None]
@@ -132,7 +137,7 @@ def timeline_figure(a: Analysis) -> go.Figure | None:
                 marker={
                     "size": [18 if f is root else 11 for f in group],
                     "color": CLASS_COLOURS.get(cls),
-                    "symbol": ["star" if f is root else "circle" for f in group],
+                    "symbol": [_symbol(f is root, f.ts_inferred) for f in group],
                 },
                 text=[f"{f.rule} ×{f.count}<br>{f.evidence[0].file}:{f.evidence[0].line}" for f in group],
                 hovertemplate="%{x}<br>%{y}<br>%{text}<extra>" + cls + "</extra>",
