@@ -10,6 +10,7 @@ does) and writes verl's file-logger JSONL (`<run>/<project>/<experiment>.jsonl`)
 falls back to gloo on CPU with tiny sizes (only for debugging the Python logic; the
 CUDA-only faults are then simulated and say so).
 """
+
 import argparse
 import json
 import math
@@ -47,7 +48,7 @@ SCENARIOS = {
     "trace_large": dict(steps=16, lr=1e-3),
 }
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 class TinyLM(nn.Module):
@@ -172,7 +173,7 @@ def main():
         jpath = os.path.join(args.run_dir, args.project, f"{sc}.jsonl")
         os.makedirs(os.path.dirname(jpath), exist_ok=True)
         print(f"Creating file logger at {jpath}", flush=True)
-        jsonl = open(jpath, "wb", buffering=0)
+        jsonl = open(jpath, "wb", buffering=0)  # noqa: SIM115 - held open for the run, like verl's file logger
 
     torch.manual_seed(0)
     model = TinyLM(vocab, d, layers, heads, seq).to(dev)

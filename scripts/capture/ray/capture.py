@@ -31,6 +31,7 @@ environment; cleanup kills only processes with that tag (never `ray stop`, never
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -47,8 +48,14 @@ MAIN = os.path.join(HERE, "main_ppo.py")
 RAY_BIN = os.path.join(os.path.dirname(sys.executable), "ray")  # the ray CLI of this interpreter
 TMP_ROOT = "/tmp/rc"  # short: unix socket paths live under the session dir
 
-SCENARIOS = ["ray_healthy", "ray_worker_sigkill", "ray_memory_monitor", "ray_config_error", "ray_node_died",
-             "ray_node_hang"]
+SCENARIOS = [
+    "ray_healthy",
+    "ray_worker_sigkill",
+    "ray_memory_monitor",
+    "ray_config_error",
+    "ray_node_died",
+    "ray_node_hang",
+]
 SHORT = {
     "ray_healthy": "h",
     "ray_worker_sigkill": "sk",
@@ -110,10 +117,8 @@ def kill_tagged(tag, temp_dirs=(), grace=10.0):
             pass
     _, alive = psutil.wait_procs(procs, timeout=grace)
     for p in alive:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(alive, timeout=5)
     return desc
 
@@ -123,7 +128,9 @@ def copy_session_logs(temp_dir, dest_root):
     """Copy <temp_dir>/session_latest (resolved)/logs -> <dest_root>/session_<...>/logs."""
     latest = os.path.join(temp_dir, "session_latest")
     if not os.path.exists(latest):
-        sessions = sorted(d for d in os.listdir(temp_dir) if d.startswith("session_2")) if os.path.isdir(temp_dir) else []
+        sessions = (
+            sorted(d for d in os.listdir(temp_dir) if d.startswith("session_2")) if os.path.isdir(temp_dir) else []
+        )
         if not sessions:
             return None
         session = os.path.join(temp_dir, sessions[-1])
@@ -142,7 +149,7 @@ def wait_for_line(path, needle, proc, timeout):
         if proc.poll() is not None:
             return False
         try:
-            with open(path, "r", errors="replace") as f:
+            with open(path, errors="replace") as f:
                 if needle in f.read():
                     return True
         except FileNotFoundError:
@@ -260,9 +267,20 @@ def scenario_node_died(scenario, outdir, meta, mode="kill", trigger_step=5):
     env_over = {"FORENSICS_WORKER_NODE_RESOURCE": "node2", "RAY_AUTH_MODE": "token"}
     env.update(env_over)
     head_cmd = [RAY_BIN, "start", "--head", "--temp-dir", head_tmp, "--num-cpus", "1", "--port", str(port)]
-    node2_cmd = [RAY_BIN, "start", "--address", f"127.0.0.1:{port}", "--num-cpus", "2",
-                 "--resources", json.dumps({"node2": 2}), "--node-ip-address", "127.0.0.2",
-                 "--temp-dir", node2_tmp]
+    node2_cmd = [
+        RAY_BIN,
+        "start",
+        "--address",
+        f"127.0.0.1:{port}",
+        "--num-cpus",
+        "2",
+        "--resources",
+        json.dumps({"node2": 2}),
+        "--node-ip-address",
+        "127.0.0.2",
+        "--temp-dir",
+        node2_tmp,
+    ]
     meta.update(mode=mode, head_cmd=head_cmd, node2_cmd=node2_cmd, env_overrides=env_over)
     rc = None
     frozen = []
@@ -323,10 +341,8 @@ def scenario_node_died(scenario, outdir, meta, mode="kill", trigger_step=5):
         time.sleep(3)
     finally:
         for p in frozen:  # stopped processes cannot act on SIGTERM
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 p.send_signal(signal.SIGKILL)
-            except psutil.NoSuchProcess:
-                pass
         meta["leftover_killed"] = kill_tagged(scenario, [head_tmp, node2_tmp], grace=15)
         meta["session_logs_node1"] = copy_session_logs(head_tmp, os.path.join(outdir, "ray_session_node1"))
         meta["session_logs_node2"] = copy_session_logs(node2_tmp, os.path.join(outdir, "ray_session_node2"))
@@ -339,8 +355,13 @@ def run_scenario(scenario, out_root):
     outdir = os.path.join(out_root, scenario)
     shutil.rmtree(outdir, ignore_errors=True)
     os.makedirs(outdir)
-    meta = {"scenario": scenario, "ray_version": ray.__version__, "python": sys.version.split()[0],
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "hostname": socket.gethostname()}
+    meta = {
+        "scenario": scenario,
+        "ray_version": ray.__version__,
+        "python": sys.version.split()[0],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "hostname": socket.gethostname(),
+    }
     try:
         if scenario == "ray_healthy":
             run_single_node(scenario, outdir, meta, steps=20)
@@ -350,8 +371,13 @@ def run_scenario(scenario, out_root):
             scenario_memory_monitor(scenario, outdir, meta)
         elif scenario == "ray_config_error":
             # verl validate_config: real_train_batch_size (6) must be divisible by minimal possible batch size (4)
-            run_single_node(scenario, outdir, meta, steps=20,
-                            extra_overrides=["data.train_batch_size=6", "trainer.n_gpus_per_node=4"])
+            run_single_node(
+                scenario,
+                outdir,
+                meta,
+                steps=20,
+                extra_overrides=["data.train_batch_size=6", "trainer.n_gpus_per_node=4"],
+            )
         elif scenario == "ray_node_died":
             scenario_node_died(scenario, outdir, meta, mode="kill")
         elif scenario == "ray_node_hang":
@@ -360,8 +386,11 @@ def run_scenario(scenario, out_root):
             raise SystemExit(f"unknown scenario {scenario}")
     finally:
         meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        dirs = [os.path.join(TMP_ROOT, d) for d in ("n", "n2")] if SHORT[scenario] == "n" else \
-            [os.path.join(TMP_ROOT, SHORT[scenario])]
+        dirs = (
+            [os.path.join(TMP_ROOT, d) for d in ("n", "n2")]
+            if SHORT[scenario] == "n"
+            else [os.path.join(TMP_ROOT, SHORT[scenario])]
+        )
         meta["still_running_after_cleanup"] = [p.pid for p in tagged_procs(scenario, dirs)]
         with open(os.path.join(outdir, "capture_meta.json"), "w") as f:
             json.dump(meta, f, indent=1, default=str)

@@ -130,7 +130,7 @@ def create_colocated_worker_cls():
 
         def actor_rollout_compute_log_prob(self, n_tokens):
             time.sleep(0.05)
-            return {"actor/entropy": 0.9 * (0.97 ** self.step) + 0.02 * self.rng.random()}
+            return {"actor/entropy": 0.9 * (0.97**self.step) + 0.02 * self.rng.random()}
 
         def actor_rollout_update_actor(self, step, n_tokens):
             self.step = step
@@ -218,8 +218,12 @@ class RayWorkerGroup:
             worker = worker_cls.options(**options).remote(config)
             self._workers.append(worker)
             self._worker_names.append(name)
-        for method_name in ("actor_rollout_init_model", "actor_rollout_generate_sequences",
-                            "actor_rollout_compute_log_prob", "actor_rollout_update_actor"):
+        for method_name in (
+            "actor_rollout_init_model",
+            "actor_rollout_generate_sequences",
+            "actor_rollout_compute_log_prob",
+            "actor_rollout_update_actor",
+        ):
             setattr(self, method_name.removeprefix("actor_rollout_"), self.func_generator(method_name))
 
     @property
