@@ -32,10 +32,12 @@ def print_summary(doc: dict[str, Any], console: Console, report_path: str | None
         if rc.get("explanation"):
             console.print(f"[bold]Why:[/] {escape(rc['explanation'])}")
         for e in rc["evidence"][:2]:
-            console.print(f"  [cyan]{escape(e['file'])}:{e['line']}[/]  {escape(e['text'][:240])}")
+            text = e["text"] if len(e["text"]) <= 200 else e["text"][:200] + "…"
+            console.print(f"  [cyan]{escape(e['file'])}:{e['line']}[/]  {escape(text)}")
         for s in v["symptoms"][:6]:
             ranks = ", ".join(map(str, s["ranks"])) or "–"
-            console.print(f"  [dim]then {s['class']} on rank(s) {ranks} ({s['count']} lines)[/]")
+            lines = "line" if s["count"] == 1 else "lines"
+            console.print(f"  [dim]then {s['class']} on rank(s) {ranks} ({s['count']} {lines})[/]")
         if rc["remediation"]:
             console.print("[bold]What to change:[/]")
             for r in rc["remediation"][:3]:
