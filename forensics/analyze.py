@@ -11,6 +11,8 @@ from pathlib import Path
 
 import polars as pl
 
+from forensics.analyses.checks import health_checks
+from forensics.analyses.detectors import add_detector_findings, detect
 from forensics.analyses.diagnosis import build_findings, diagnose
 from forensics.analyses.enrich import enrich
 from forensics.analyses.flight_recorder import flight_recorder_findings
@@ -89,7 +91,9 @@ def analyze(
         marks.extend(sink.step_marks)
         warnings.extend(result.warnings)
         config.update(result.config)
+        config.update(sink.config)
         environment.update(result.environment)
+        environment.update(sink.environment)
         for key, value in result.extras.items():
             extras.setdefault(key, []).append(value)
     events = pl.concat(event_frames) if event_frames else empty_events()
@@ -99,6 +103,7 @@ def analyze(
     by_id = {r.id: r for r in rules}
     findings = build_findings(events, by_id, file_order)
     findings += flight_recorder_findings(extras.get("flight_recorder", []))
+    findings = add_detector_findings(findings, detect(series, events, marks, file_order, environment, config, warnings))
     verdict = diagnose(events, findings, marks)
     timings["diagnose"] = time.perf_counter() - t2
     timings["total"] = time.perf_counter() - t0
@@ -110,6 +115,7 @@ def analyze(
         series=series,
         findings=findings,
         verdict=verdict,
+        checks=health_checks(events, series, findings, config, environment),
         config=config,
         environment=environment,
         warnings=warnings,

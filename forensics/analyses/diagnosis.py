@@ -214,6 +214,23 @@ def _step_of(root: Finding, step_marks: list[tuple[str, int, int]]) -> int | Non
     return None
 
 
+def _precursors(root: Finding, findings: list[Finding]) -> list[str]:
+    """Warnings that were heading for the root's failure (memory growing towards an OOM) tell how it came.
+
+    A detector marks such a finding with `fields["leads_to"]` = the class it leads to; its projection
+    (e.g. `projected_step`) is copied onto the root so the verdict names the step it was heading for.
+    """
+    notes = []
+    for f in findings:
+        if f is not root and f.fields.get("leads_to") == root.cls:
+            notes.append(f.explanation)
+            root.fields.setdefault("precursor", f.rule)
+            for key in ("projected_step", "growth_gib_per_step", "capacity_gib"):
+                if key in f.fields:
+                    root.fields.setdefault(key, f.fields[key])
+    return notes
+
+
 def _symptoms(others: list[Finding]) -> list[Symptom]:
     by_class: dict[str, list[Finding]] = defaultdict(list)
     for f in others:
@@ -245,6 +262,7 @@ def diagnose(events: pl.DataFrame, findings: list[Finding], step_marks: list[tup
     note = _torchrun_note(events, root)
     if note:
         explanation.append(note)
+    explanation.extend(_precursors(root, findings))
     root.step = _step_of(root, step_marks)
     explained = [f for f in findings if f not in independent]
     rival_classes = {f.cls for f in pool if f.cls != root.cls}

@@ -8,10 +8,24 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from forensics.sources import flight_recorder, nccl, nvidia_smi, torch_distributed, torchrun, traceback, verl
+from forensics.sources import (
+    collect_env,
+    dcgm,
+    flight_recorder,
+    hydra_config,
+    nccl,
+    nvidia_smi,
+    nvidia_smi_q,
+    torch_distributed,
+    torchrun,
+    traceback,
+    verl,
+    versions,
+)
 from forensics.sources.base import FileSource, LineExtractor
 
 MODULES: list[ModuleType] = [verl, traceback, torchrun, torch_distributed, nccl, nvidia_smi, flight_recorder]
+MODULES += [hydra_config, collect_env, nvidia_smi_q, dcgm, versions]
 
 
 def line_extractors() -> list[LineExtractor]:

@@ -57,6 +57,8 @@ class Sink:
         self._events: list[dict[str, Any]] = []
         self._series: dict[str, list[Any]] = {k: [] for k in SERIES_SCHEMA}
         self.step_marks: list[tuple[str, int, int]] = []  # (file, line, step) of each step line
+        self.config: dict[str, Any] = {}  # flattened dotted keys printed in a text log (verl's config dump)
+        self.environment: dict[str, Any] = {}  # versions and hardware named in a text log
 
     def event(
         self,

@@ -1,12 +1,15 @@
-"""`nvidia-smi --query-gpu=... --format=csv` samples: memory, utilisation, power, temperature per GPU.
+"""nvidia-smi sampling output: `--query-gpu=... --format=csv` and `nvidia-smi dmon`, per GPU over time.
 
 In the series table these samples carry the GPU index in `rank` (on one host, the local rank).
+`dmon` prints two `#` header lines (names, units; repeated now and then), one row per GPU per
+interval, `-` for an unsupported field, and with `-o DT` a date and a time column first.
 """
 
 from __future__ import annotations
 
 import io
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 
 import polars as pl
@@ -72,6 +75,11 @@ def _read(path: Path, rel: str, sink: Sink) -> FileResult:
     names = frame.get_column("name").unique().to_list() if "name" in frame.columns else []
     if names:
         result.environment["gpu_names"] = sorted(str(n) for n in names if n)
+    result.environment["gpu_count"] = frame.get_column("_gpu").drop_nulls().n_unique()
+    if "memory.total" in frame.columns:
+        total = frame.select(_number("memory.total")).to_series().max()
+        if total is not None:
+            result.environment["gpu_memory_total_mib"] = float(total)
     for column, metric in METRICS.items():
         if column not in frame.columns:
             continue
@@ -81,4 +89,70 @@ def _read(path: Path, rel: str, sink: Sink) -> FileResult:
     return result
 
 
-FILE_SOURCES = [FileSource("nvidia_smi_csv", _sniff, _read)]
+DMON_METRICS = {
+    "pwr": "gpu/power_w",
+    "gtemp": "gpu/temperature_c",
+    "temp": "gpu/temperature_c",
+    "sm": "gpu/util_pct",
+    "mem": "gpu/mem_util_pct",
+    "fb": "gpu/memory_used_mib",
+    "pclk": "gpu/sm_clock_mhz",
+}
+DMON_HEADER = re.compile(r"^#\s*(?:Date\s+Time\s+)?gpu\b", re.IGNORECASE)
+
+
+def _sniff_dmon(name: str, head: bytes) -> bool:
+    lines = head.decode("utf-8", "replace").lstrip().splitlines()
+    return len(lines) >= 2 and bool(DMON_HEADER.match(lines[0])) and "Idx" in lines[1]
+
+
+def _dmon_time(date: str, time: str) -> datetime | None:
+    try:
+        return datetime.strptime(f"{date} {time}", "%Y%m%d %H:%M:%S").replace(tzinfo=timezone.utc)
+    except ValueError:
+        return None
+
+
+def _read_dmon(path: Path, rel: str, sink: Sink) -> FileResult:
+    """One sample per GPU, interval and supported column; rows that do not fit the header are counted."""
+    result = FileResult()
+    columns: list[str] = []
+    gpus: set[int] = set()
+    bad = 0
+    with open_binary(path) as fh:
+        for number, raw in enumerate(fh, start=1):
+            result.lines = number
+            line = raw.decode("utf-8", "replace").strip()
+            if not line:
+                continue
+            if line.startswith("#"):
+                names = line.lstrip("#").split()
+                if names and names[0].lower() in ("gpu", "date"):
+                    columns = [n.lower() for n in names]
+                continue
+            values = line.split()
+            if not columns or len(values) != len(columns):
+                bad += 1
+                continue
+            row = dict(zip(columns, values, strict=True))
+            try:
+                gpu = int(row["gpu"])
+            except (KeyError, ValueError):
+                bad += 1
+                continue
+            gpus.add(gpu)
+            ts = _dmon_time(row["date"], row["time"]) if "date" in row and "time" in row else None
+            for column, metric in DMON_METRICS.items():
+                try:
+                    value = float(row[column])
+                except (KeyError, ValueError):  # absent, or `-` for a field this GPU does not support
+                    continue
+                sink.sample(metric, value, source=SOURCE, rank=gpu, ts=ts)
+    if bad:
+        result.warnings.append(f"{rel}: {bad} dmon row(s) did not match the header and were skipped")
+    if gpus:
+        result.environment["gpu_count"] = len(gpus)
+    return result
+
+
+FILE_SOURCES = [FileSource("nvidia_smi_csv", _sniff, _read), FileSource("nvidia_smi_dmon", _sniff_dmon, _read_dmon)]

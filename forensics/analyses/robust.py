@@ -1,0 +1,123 @@
+"""Robust statistics for short, noisy training curves.
+
+Training curves are short (tens to thousands of points), heavy-tailed (one bad batch) and trending
+(a loss that falls), so mean and standard deviation mislead. These helpers use medians, the median
+absolute deviation (MAD, scaled by 1.4826 to match a normal sigma), first differences (which ignore
+slow trends) and a least-squares single change point on a spike-cleaned copy of the curve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MAD_TO_SIGMA = 1.4826
+
+
+def mad_scale(x: np.ndarray) -> float:
+    """Robust spread: 1.4826 x median(|x - median(x)|); 0 for fewer than two points."""
+    if len(x) < 2:
+        return 0.0
+    return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
+
+
+def noise_scale(x: np.ndarray) -> float:
+    """Point-to-point noise, blind to slow trends: the MAD of first differences over sqrt(2)."""
+    if len(x) < 3:
+        return 0.0
+    return mad_scale(np.diff(x)) / np.sqrt(2.0)
+
+
+def rolling_median(x: np.ndarray, window: int) -> np.ndarray:
+    """Centred rolling median; the window shrinks at the ends."""
+    n = len(x)
+    half = window // 2
+    return np.array([np.median(x[max(0, i - half) : min(n, i + half + 1)]) for i in range(n)])
+
+
+def hampel(x: np.ndarray, window: int = 7, k: float = 4.0) -> np.ndarray:
+    """A copy where isolated outliers (beyond k robust sigmas of the local median) take that median.
+
+    Used before change-point search so that one spike does not pass for a level shift.
+    """
+    if len(x) < 3:
+        return x.copy()
+    med = rolling_median(x, window)
+    resid = np.abs(x - med)
+    scale = MAD_TO_SIGMA * rolling_median(resid, window)
+    floor = max(noise_scale(x), 1e-12)
+    out = x.copy()
+    bad = resid > k * np.maximum(scale, floor)
+    out[bad] = med[bad]
+    return out
+
+
+@dataclass(frozen=True)
+class ChangePoint:
+    """The best single split of a curve into two constant levels."""
+
+    index: int  # first index of the second segment
+    before: float  # median of the first segment
+    after: float  # median of the second segment
+    noise: float  # pooled point-to-point noise of the two segments
+
+    @property
+    def shift(self) -> float:
+        return self.after - self.before
+
+    @property
+    def relative_shift(self) -> float:
+        return self.shift / abs(self.before) if self.before else float("inf")
+
+    @property
+    def strength(self) -> float:
+        """The shift in units of noise (large: a real level change, not jitter)."""
+        return abs(self.shift) / self.noise if self.noise > 0 else float("inf")
+
+
+def change_point(x: np.ndarray, min_size: int = 3) -> ChangePoint | None:
+    """The split minimising the squared deviation from two segment means, on a spike-cleaned copy."""
+    n = len(x)
+    if n < 2 * min_size:
+        return None
+    clean = hampel(x)
+    csum = np.cumsum(clean)
+    csum2 = np.cumsum(clean**2)
+    best, best_cost = None, np.inf
+    for i in range(min_size, n - min_size + 1):
+        left = csum2[i - 1] - csum[i - 1] ** 2 / i
+        right = (csum2[-1] - csum2[i - 1]) - (csum[-1] - csum[i - 1]) ** 2 / (n - i)
+        if left + right < best_cost:
+            best, best_cost = i, left + right
+    if best is None:
+        return None
+    first, second = x[:best], x[best:]
+    noise = float(np.sqrt((noise_scale(first) ** 2 + noise_scale(second) ** 2) / 2))
+    return ChangePoint(best, float(np.median(first)), float(np.median(second)), noise)
+
+
+def theil_sen(x: np.ndarray, y: np.ndarray, max_pairs: int = 200_000) -> float:
+    """Median of pairwise slopes: a trend that a few outliers cannot bend."""
+    n = len(x)
+    if n < 2:
+        return 0.0
+    i, j = np.triu_indices(n, k=1)
+    if len(i) > max_pairs:
+        pick = np.linspace(0, len(i) - 1, max_pairs).astype(int)
+        i, j = i[pick], j[pick]
+    dx = x[j] - x[i]
+    keep = dx != 0
+    return float(np.median((y[j] - y[i])[keep] / dx[keep])) if keep.any() else 0.0
+
+
+def kendall_tau(y: np.ndarray) -> float:
+    """Rank agreement of y with its order: +1 always rising, -1 always falling, ~0 no trend."""
+    if len(y) > 1000:  # the pairs grow as n squared; an even subsample keeps the trend
+        y = y[np.linspace(0, len(y) - 1, 1000).astype(int)]
+    n = len(y)
+    if n < 2:
+        return 0.0
+    i, j = np.triu_indices(n, k=1)
+    signs = np.sign(y[j] - y[i])
+    return float(signs.sum() / len(signs))
