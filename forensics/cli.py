@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from forensics import __version__
 from forensics.analyze import Options, analyze
@@ -109,6 +112,30 @@ def analyze_cmd(
             console.print(f"[dim]{stage:>10}: {seconds:8.3f} s[/]")
     if fail_on and any(severity_rank(f.severity) >= severity_rank(fail_on) for f in result.findings):
         sys.exit(1)
+
+
+CHECK_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "unknown": "dim"}
+
+
+@main.command("check")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the checklist as JSON.")
+def check_cmd(paths: tuple[Path, ...], as_json: bool) -> None:
+    """The health checklist alone: memory headroom, throughput, parallel and batch sizes, versions."""
+    try:
+        result = analyze(list(paths))
+    except (FileNotFoundError, ValueError, RuleLoadError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(result.checks, indent=2, default=str))
+        return
+    table = Table(title=f"Health checks: {result.run_name}", title_justify="left")
+    for column in ("check", "status", "value", "detail"):
+        table.add_column(column, overflow="fold")
+    for item in result.checks:
+        style = CHECK_STYLE.get(item["status"], "")
+        table.add_row(item["name"], f"[{style}]{item['status']}[/]", escape(str(item["value"])), escape(item["detail"]))
+    Console(highlight=False).print(table)
 
 
 @main.group("patterns")

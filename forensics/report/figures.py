@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
-from forensics.model import Analysis
+from forensics.model import Analysis, Finding
 
 TRAINING_METRICS = (
     "actor/pg_loss",
@@ -85,6 +85,29 @@ def _step_figure(
     return fig
 
 
+def shade_findings(fig: go.Figure | None, findings: list[Finding], metrics: tuple[str, ...]) -> go.Figure | None:
+    """Shade the steps a detector finding covers (`fields.steps`, or each of `fields.spans`) on a step plot."""
+    if fig is None:
+        return None
+    for f in findings:
+        if f.fields.get("metric") not in metrics or not f.fields.get("steps"):
+            continue
+        fig.update_traces(visible=True, selector={"name": f.fields["metric"]})
+        spans = f.fields.get("spans") or [f.fields["steps"]]
+        colour = "#d62728" if f.severity in ("error", "critical") else "#ff7f0e"
+        for i, (first, last) in enumerate(spans):
+            fig.add_vrect(
+                x0=first - 0.5,
+                x1=last + 0.5,
+                fillcolor=colour,
+                opacity=0.12,
+                line_width=0,
+                annotation_text=f.rule if i == 0 else None,
+                annotation_position="top left",
+            )
+    return fig
+
+
 def gpu_memory_figure(series: pl.DataFrame) -> go.Figure | None:
     used = series.filter((pl.col("source") == "nvidia_smi") & (pl.col("metric") == "gpu/memory_used_mib"))
     if used.is_empty():
@@ -158,4 +181,6 @@ def figures(a: Analysis) -> list[tuple[str, go.Figure]]:
         ("gpu-memory", gpu_memory_figure(a.series)),
         ("gpu-util", gpu_util_figure(a.series)),
     ]
+    shaded = {"training": TRAINING_METRICS, "throughput": THROUGHPUT_METRICS, "memory": MEMORY_METRICS}
+    candidates = [(name, shade_findings(fig, a.findings, shaded.get(name, ()))) for name, fig in candidates]
     return [(name, fig) for name, fig in candidates if fig is not None]
