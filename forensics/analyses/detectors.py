@@ -24,6 +24,7 @@ import polars as pl
 
 from forensics.analyses.diagnosis import _sort_key
 from forensics.analyses.robust import (
+    ChangePoint,
     change_point,
     kendall_tau,
     mad_scale,
@@ -54,7 +55,7 @@ KL_MIN_STEPS = 3
 CLIPFRAC_HIGH = 0.2
 RESPONSE_CLIP_HIGH = 0.2
 REWARD_SHIFT_STRENGTH = 6.0  # noise units
-REWARD_SUDDEN_FRACTION = 0.6  # most of the shift happens within a few steps of the change point
+REWARD_SUDDEN_FRACTION = 0.5  # at least half the shift happens within a few steps of the change point
 LENGTH_COLLAPSE_FRACTION = 0.3
 LENGTH_COLLAPSE_WINDOW = 3  # steps between the reward jump and the length drop
 MEMORY_MIN_TAU = 0.7  # memory rises almost every step
@@ -743,12 +744,17 @@ def detect_response_clipping(ctx: Context) -> list[Finding]:
     ]
 
 
-def _sudden(curve: Curve, cp_index: int, shift: float) -> bool:
-    """Whether most of a level shift happens within a few steps of the change point (not a slow trend)."""
+def _sudden(curve: Curve, cp: ChangePoint) -> bool:
+    """Whether a level shift happens within a few steps of the change point, not as a slow trend.
+
+    The jump between the three steps before and the three after must carry half the shift, or be
+    large against the curve's own noise.
+    """
     y = curve.values
-    before = np.median(y[max(0, cp_index - 3) : cp_index])
-    after = np.median(y[cp_index : cp_index + 3])
-    return abs(after - before) >= REWARD_SUDDEN_FRACTION * abs(shift)
+    local = abs(float(np.median(y[cp.index : cp.index + 3]) - np.median(y[max(0, cp.index - 3) : cp.index])))
+    return local >= REWARD_SUDDEN_FRACTION * abs(cp.shift) or (
+        cp.noise > 0 and local >= REWARD_SHIFT_STRENGTH * cp.noise
+    )
 
 
 def detect_reward_shift(ctx: Context) -> list[Finding]:
@@ -760,7 +766,7 @@ def detect_reward_shift(ctx: Context) -> list[Finding]:
     if judged is None:
         return []
     cp = change_point(judged.values)
-    if cp is None or cp.strength < REWARD_SHIFT_STRENGTH or not _sudden(judged, cp.index, cp.shift):
+    if cp is None or cp.strength < REWARD_SHIFT_STRENGTH or not _sudden(judged, cp):
         return []
     step = int(judged.steps[cp.index])
     length = _pick(ctx, "response_length/mean")

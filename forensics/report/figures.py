@@ -86,25 +86,41 @@ def _step_figure(
 
 
 def shade_findings(fig: go.Figure | None, findings: list[Finding], metrics: tuple[str, ...]) -> go.Figure | None:
-    """Shade the steps a detector finding covers (`fields.steps`, or each of `fields.spans`) on a step plot."""
+    """Shade, in the panel of its metric, the steps a detector finding covers (`fields.steps` or `fields.spans`)."""
     if fig is None:
         return None
+    panels = {t.name: (t.xaxis or "x", t.yaxis or "y") for t in fig.data}
     for f in findings:
-        if f.fields.get("metric") not in metrics or not f.fields.get("steps"):
+        metric = f.fields.get("metric")
+        if metric not in metrics or metric not in panels or not f.fields.get("steps"):
             continue
-        fig.update_traces(visible=True, selector={"name": f.fields["metric"]})
-        spans = f.fields.get("spans") or [f.fields["steps"]]
+        xref, yref = panels[metric]
         colour = "#d62728" if f.severity in ("error", "critical") else "#ff7f0e"
-        for i, (first, last) in enumerate(spans):
-            fig.add_vrect(
+        for first, last in f.fields.get("spans") or [f.fields["steps"]]:
+            fig.add_shape(
+                type="rect",
+                xref=xref,
+                yref=f"{yref} domain",
                 x0=first - 0.5,
                 x1=last + 0.5,
+                y0=0,
+                y1=1,
                 fillcolor=colour,
-                opacity=0.12,
+                opacity=0.15,
                 line_width=0,
-                annotation_text=f.rule if i == 0 else None,
-                annotation_position="top left",
+                layer="below",
             )
+        fig.add_annotation(
+            xref=xref,
+            yref=f"{yref} domain",
+            x=f.fields["steps"][0],
+            y=1,
+            text=f.rule,
+            showarrow=False,
+            font={"size": 10, "color": colour},
+            xanchor="left",
+            yanchor="top",
+        )
     return fig
 
 
