@@ -24,7 +24,6 @@ import polars as pl
 
 from forensics.analyses.diagnosis import _sort_key
 from forensics.analyses.robust import (
-    ChangePoint,
     change_point,
     kendall_tau,
     mad_scale,
@@ -55,14 +54,14 @@ KL_MIN_STEPS = 3
 CLIPFRAC_HIGH = 0.2
 RESPONSE_CLIP_HIGH = 0.2
 REWARD_SHIFT_STRENGTH = 6.0  # noise units
-REWARD_SUDDEN_FRACTION = 0.5  # at least half the shift happens within a few steps of the change point
+REWARD_SUDDEN_FRACTION = 0.5  # half the shift happens within three steps of the change point
 LENGTH_COLLAPSE_FRACTION = 0.3
 LENGTH_COLLAPSE_WINDOW = 3  # steps between the reward jump and the length drop
 MEMORY_MIN_TAU = 0.7  # memory rises almost every step
 MEMORY_MIN_RISE_GIB = 1.0
 MEMORY_MIN_RISE_FRACTION = 0.05  # of the GPU's capacity
 THROUGHPUT_DROP = 0.15  # a sustained drop of 15% or more
-THROUGHPUT_STRENGTH = 5.0
+GPU_SHIFT_STRENGTH = 5.0  # noise units of a GPU's power draw relative to its peers
 SLOW_RANK_RATIO = 1.15
 STALL_FACTOR = 10.0  # no new step for 10x the usual step time...
 STALL_MIN_S = 120.0  # ...and at least two minutes
@@ -248,7 +247,7 @@ def build_context(
 def _fmt(value: float) -> str:
     if not math.isfinite(value):
         return str(value)
-    return f"{value:.4g}"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
 def _evidence(ctx: Context, step: int, metric: str, value: float) -> Evidence | None:
@@ -744,19 +743,6 @@ def detect_response_clipping(ctx: Context) -> list[Finding]:
     ]
 
 
-def _sudden(curve: Curve, cp: ChangePoint) -> bool:
-    """Whether a level shift happens within a few steps of the change point, not as a slow trend.
-
-    The jump between the three steps before and the three after must carry half the shift, or be
-    large against the curve's own noise.
-    """
-    y = curve.values
-    local = abs(float(np.median(y[cp.index : cp.index + 3]) - np.median(y[max(0, cp.index - 3) : cp.index])))
-    return local >= REWARD_SUDDEN_FRACTION * abs(cp.shift) or (
-        cp.noise > 0 and local >= REWARD_SHIFT_STRENGTH * cp.noise
-    )
-
-
 def detect_reward_shift(ctx: Context) -> list[Finding]:
     """A sudden reward collapse, or a sudden reward jump while response length collapses (reward hacking)."""
     reward = _pick(ctx, "critic/score/mean", "critic/rewards/mean")
@@ -766,7 +752,7 @@ def detect_reward_shift(ctx: Context) -> list[Finding]:
     if judged is None:
         return []
     cp = change_point(judged.values)
-    if cp is None or cp.strength < REWARD_SHIFT_STRENGTH or not _sudden(judged, cp):
+    if cp is None or cp.strength < REWARD_SHIFT_STRENGTH or not cp.is_step(min_sudden=REWARD_SUDDEN_FRACTION):
         return []
     step = int(judged.steps[cp.index])
     length = _pick(ctx, "response_length/mean")
@@ -972,7 +958,7 @@ def _gpu_shift_note(ctx: Context, step: int) -> tuple[int | None, str]:
         cp = change_point(deviation[:, k], min_size=max(3, wide.height // 10))
         if cp is not None and (best is None or cp.strength > best[0]):
             best = (cp.strength, k, cp)
-    if best is None or best[0] < THROUGHPUT_STRENGTH:
+    if best is None or best[0] < GPU_SHIFT_STRENGTH:
         return None, ""
     _, k, cp = best
     when = wide["ts"][cp.index]
@@ -995,17 +981,16 @@ def detect_throughput_regression(ctx: Context) -> list[Finding]:
         return []
     y = judged.values if higher_is_better else -judged.values
     cp = change_point(y, min_size=max(3, len(y) // 10))
-    if cp is None or cp.shift >= 0 or cp.strength < THROUGHPUT_STRENGTH:
+    if cp is None or cp.shift >= 0 or not cp.is_step():
         return []
     drop = -cp.shift / abs(cp.before)
-    middle = (cp.before + cp.after) / 2
-    if drop < THROUGHPUT_DROP or np.mean(y[cp.index :] < middle) < 0.8:
+    if drop < THROUGHPUT_DROP:
         return []
     step = int(judged.steps[cp.index])
     before, after = (cp.before, cp.after) if higher_is_better else (-cp.before, -cp.after)
     explanation = (
         f"{curve.metric} went from {_fmt(before)} to {_fmt(after)} ({'-' if higher_is_better else '+'}"
-        f"{drop:.0%}) at step {step} and stayed there for the remaining {len(y) - cp.index} steps."
+        f"{drop:.0%}) at step {step} and stayed there through step {judged.steps[-1]} ({len(y) - cp.index} steps)."
     )
     step_time = _pick(ctx, "timing_s/step")
     if higher_is_better and step_time is not None:

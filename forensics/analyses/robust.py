@@ -55,12 +55,15 @@ def hampel(x: np.ndarray, window: int = 7, k: float = 4.0) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ChangePoint:
-    """The best single split of a curve into two constant levels."""
+    """The best single split of a curve into two levels, with what it takes to judge it."""
 
     index: int  # first index of the second segment
     before: float  # median of the first segment
     after: float  # median of the second segment
     noise: float  # pooled point-to-point noise of the two segments
+    spread: float  # pooled robust spread (MAD) within the two segments
+    separation: float  # share of points on their own segment's side of the midpoint between the medians
+    local_jump: float  # median of the 3 points after the split minus median of the 3 before
 
     @property
     def shift(self) -> float:
@@ -72,8 +75,18 @@ class ChangePoint:
 
     @property
     def strength(self) -> float:
-        """The shift in units of noise (large: a real level change, not jitter)."""
+        """The shift in units of point-to-point noise (large: a real level change, not jitter)."""
         return abs(self.shift) / self.noise if self.noise > 0 else float("inf")
+
+    def is_step(self, min_separation: float = 0.8, min_sudden: float = 0.5, noise_k: float = 5.0) -> bool:
+        """A sudden, lasting level change, not a slow trend or jitter.
+
+        The segments barely overlap (`separation`), and the jump across the split carries a good part of
+        the shift or stands far above the point-to-point noise (a trend plus a jump splits the shift).
+        """
+        jump = abs(self.local_jump)
+        sudden = jump >= min_sudden * abs(self.shift) or (self.noise > 0 and jump >= noise_k * self.noise)
+        return self.separation >= min_separation and sudden
 
 
 def change_point(x: np.ndarray, min_size: int = 3) -> ChangePoint | None:
@@ -93,8 +106,19 @@ def change_point(x: np.ndarray, min_size: int = 3) -> ChangePoint | None:
     if best is None:
         return None
     first, second = x[:best], x[best:]
-    noise = float(np.sqrt((noise_scale(first) ** 2 + noise_scale(second) ** 2) / 2))
-    return ChangePoint(best, float(np.median(first)), float(np.median(second)), noise)
+    before, after = float(np.median(first)), float(np.median(second))
+    middle = (before + after) / 2
+    up = after >= before
+    on_side = np.r_[first <= middle, second >= middle] if up else np.r_[first >= middle, second <= middle]
+    return ChangePoint(
+        index=best,
+        before=before,
+        after=after,
+        noise=float(np.sqrt((noise_scale(first) ** 2 + noise_scale(second) ** 2) / 2)),
+        spread=float(np.sqrt((mad_scale(first) ** 2 + mad_scale(second) ** 2) / 2)),
+        separation=float(np.mean(on_side)),
+        local_jump=float(np.median(second[:3]) - np.median(first[-3:])),
+    )
 
 
 def theil_sen(x: np.ndarray, y: np.ndarray, max_pairs: int = 200_000) -> float:
