@@ -87,6 +87,8 @@ def test_parallel_sizes_that_do_not_divide_the_gpus():
         ({"driver_version": "550.54.15"}, "NVIDIA driver", "pass"),
         ({"driver_version": "525.60.11"}, "NVIDIA driver", "pass"),
         ({"driver_version": "470.256.02"}, "NVIDIA driver", "fail"),
+        ({"driver_version": "575.57.08", "torch_cuda_version": "13.0"}, "NVIDIA driver", "fail"),
+        ({"driver_version": "580.159.04", "torch_cuda_version": "13.0"}, "NVIDIA driver", "pass"),
         ({"torch_cuda_version": "12.4", "cuda_driver_version": "12.4"}, "CUDA", "pass"),
         ({"torch_cuda_version": "12.4", "cuda_driver_version": "12.2"}, "CUDA", "warn"),
         ({"torch_cuda_version": "13.0", "cuda_driver_version": "12.8"}, "CUDA", "fail"),

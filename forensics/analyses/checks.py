@@ -18,14 +18,14 @@ import numpy as np
 import polars as pl
 
 from forensics.analyses.detectors import GPU_SOURCES, step_curves, warmup_steps
-from forensics.analyses.robust import mad_scale
 from forensics.model import Finding
 
 MEMORY_WARN = 0.85
 MEMORY_FAIL = 0.95
 NCCL_LATENCY_MS = 50.0
 THROUGHPUT_CV = 0.15
-MIN_DRIVER = (525, 60, 11)  # the first Linux driver of the CUDA 12 series
+NORMAL_P10_P90 = 2.5631  # P90 - P10 of a normal distribution, in sigmas
+MIN_DRIVER = {11: (450, 80, 2), 12: (525, 60, 11), 13: (580, 65, 6)}  # Linux driver for each CUDA major
 NO_BF16_GPUS = re.compile(r"V100|T4\b|P100|P40|P4\b|K80|M60|RTX 20\d\d|GTX|Quadro RTX", re.IGNORECASE)
 FP32 = {"fp32", "float32", "float", "torch.float32"}
 HALF = {"fp16", "float16", "half", "torch.float16"}
@@ -92,7 +92,8 @@ def check_memory_headroom(inp: Inputs) -> dict[str, Any]:
     status = "fail" if oom or share >= MEMORY_FAIL else "warn" if share >= MEMORY_WARN else "pass"
     detail = f"peak of {len(rows)} GPU(s) from {source}; keep it below {MEMORY_WARN:.0%} of capacity"
     util = inp.config.get("actor_rollout_ref.rollout.gpu_memory_utilization")
-    if util is not None and source == "nvidia-smi":
+    engine = str(inp.config.get("actor_rollout_ref.rollout.name", "")).lower()
+    if util is not None and source == "nvidia-smi" and engine in ("vllm", "sglang"):
         detail += f" (the rollout engine preallocates gpu_memory_utilization={util} of each GPU)"
     if oom:
         detail += "; a CUDA out-of-memory error occurred"
@@ -118,14 +119,15 @@ def check_throughput_stability(inp: Inputs) -> dict[str, Any]:
     judged = curve.values[warmup_steps(len(curve)) :]
     if len(judged) < 5 or np.median(judged) <= 0:
         return _item(name, "unknown", "–", f"too few steps of {metric} after warm-up")
-    cv = mad_scale(judged) / float(np.median(judged))
+    p10, p90 = np.percentile(judged, [10, 90])
+    cv = (p90 - p10) / NORMAL_P10_P90 / float(np.median(judged))
     status = "pass" if cv < THROUGHPUT_CV else "warn"
     return _item(
         name,
         status,
         f"{cv:.1%}",
-        f"robust coefficient of variation of {metric} over {len(judged)} steps after warm-up; "
-        f"expect below {THROUGHPUT_CV:.0%}",
+        f"(P90 - P10) / 2.56 over the median of {metric}, {len(judged)} steps after warm-up (a coefficient of "
+        f"variation that a few outliers do not move but a lasting slowdown does); expect below {THROUGHPUT_CV:.0%}",
     )
 
 
@@ -263,9 +265,11 @@ def check_driver(inp: Inputs) -> dict[str, Any]:
     driver = inp.environment.get("driver_version")
     if not driver:
         return _item(name, "unknown", "–", "no nvidia-smi -q, collect_env or dcgm-exporter output in the run folder")
-    ok = _version(driver) >= MIN_DRIVER
-    need = ".".join(map(str, MIN_DRIVER))
-    return _item(name, "pass" if ok else "fail", driver, f"CUDA 12 needs {need} or newer")
+    cuda_major = (_version(inp.environment.get("torch_cuda_version")) or (12,))[0]
+    need = MIN_DRIVER.get(cuda_major, MIN_DRIVER[12])
+    ok = _version(driver) >= need
+    detail = f"CUDA {cuda_major} needs {'.'.join(map(str, need))} or newer"
+    return _item(name, "pass" if ok else "fail", driver, detail)
 
 
 def check_cuda(inp: Inputs) -> dict[str, Any]:
@@ -311,7 +315,11 @@ def check_nccl_version(inp: Inputs) -> dict[str, Any]:
 def _version_item(name: str, key: str, hint: str) -> Callable[[Inputs], dict[str, Any]]:
     def check(inp: Inputs) -> dict[str, Any]:
         value = inp.environment.get(key)
-        return _item(name, "pass", str(value), "") if value else _item(name, "unknown", "–", hint)
+        return (
+            _item(name, "pass", str(value), "found in the run's logs and dumps")
+            if value
+            else _item(name, "unknown", "–", hint)
+        )
 
     check.__name__ = f"check_{key}"
     return check

@@ -13,6 +13,7 @@ threshold asks for a large effect relative to the curve's own noise *and* to its
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,24 +25,34 @@ import polars as pl
 
 from forensics.analyses.diagnosis import _sort_key
 from forensics.analyses.robust import (
+    MAD_TO_SIGMA,
     change_point,
     kendall_tau,
-    mad_scale,
     noise_scale,
     rolling_median,
+    rolling_noise,
     theil_sen,
 )
 from forensics.model import Evidence, Finding
 
 GPU_SOURCES = ("nvidia_smi", "dcgm")
-NON_FINITE_RULE = "non-finite-loss"  # the YAML rule that catches the first non-finite step line
+NON_FINITE_RULE = "non-finite-loss"
+# Findings that are usually the consequence of another instability (a divergence, a NaN, an oscillation):
+# when one of those is present they are listed as its symptoms, not as rival root causes.
+CONSEQUENCE_OF = ("training_instability",)  # the YAML rule that catches the first non-finite step line
 GIB_PER_MIB = 1 / 1024
 
 MIN_POINTS = 8  # fewer steps than this after warm-up: too short to judge a trend
-DIVERGENCE_NOISE_K = 10.0  # a divergence rises this many noise units above the best level...
-DIVERGENCE_PROGRESS_FRACTION = 0.5  # ...and gives back at least half the progress the loss had made
-OSCILLATION_RELATIVE_SWING = 0.1  # step-to-step swings of 10% of the loss level
-OSCILLATION_TREND_RATIO = 1.0  # net change over the window smaller than one typical swing
+DIVERGENCE_NOISE_K = 10.0  # a divergence stands this many noise units above where the loss started...
+DIVERGENCE_START_FRACTION = 0.25  # ...and a quarter above it...
+DIVERGENCE_MIN_STEPS = 5  # ...for this many steps in a row;
+DIVERGENCE_EXPLOSION_FACTOR = 2.0  # (a positive loss at three times its start is far above it, whatever its noise)
+DIVERGENCE_PROGRESS_FRACTION = 0.5  # or it climbs back, giving back half the progress, to the end
+EPISODE_SKIP = 2  # the first steps of a run are not judged (initial loss, first updates)
+EPISODE_NOISE_K = 4.0  # an episode stands this many calm-noise units above the best level so far...
+EPISODE_RELATIVE = 0.1  # ...and 10% above it
+OSCILLATION_MIN_EPISODES = 3  # bouncing back up three times or more is an oscillation
+REGRESSION_MIN_STEPS = 5  # one long climb back up is a regression
 SPIKE_Z = 10.0  # robust z-score of a spike against the preceding window
 SPIKE_RATIO = 2.0  # and at least twice the local level
 SPIKE_WINDOW = 15
@@ -61,7 +72,8 @@ MEMORY_MIN_TAU = 0.7  # memory rises almost every step
 MEMORY_MIN_RISE_GIB = 1.0
 MEMORY_MIN_RISE_FRACTION = 0.05  # of the GPU's capacity
 THROUGHPUT_DROP = 0.15  # a sustained drop of 15% or more
-GPU_SHIFT_STRENGTH = 5.0  # noise units of a GPU's power draw relative to its peers
+GPU_SHIFT_STRENGTH = 5.0  # noise units of the power spread between GPUs
+GPU_BUSY_RATIO = 1.5  # the straggler draws this much more power than the GPUs waiting for it
 SLOW_RANK_RATIO = 1.15
 STALL_FACTOR = 10.0  # no new step for 10x the usual step time...
 STALL_MIN_S = 120.0  # ...and at least two minutes
@@ -95,6 +107,7 @@ class Context:
     rank_curves: dict[str, dict[int, Curve]]  # metric -> rank -> curve, only where ranks logged apart
     gpu: pl.DataFrame  # per-GPU samples over time (nvidia-smi, dcgm-exporter)
     capacity_gib: float | None
+    overhead_gib: float  # GPU memory outside PyTorch's allocator, when an OOM message told it
     marks: dict[int, tuple[str, int, int]]  # step -> (file, line, file index) of its first step line
     mark_ts: dict[int, datetime]  # step -> time inferred from the nearest stamped line before it
     stamped: pl.DataFrame  # events with their own timestamp: file, line, ts
@@ -170,14 +183,32 @@ def rank_curves(series: pl.DataFrame) -> dict[str, dict[int, Curve]]:
     return out
 
 
-def _capacity_gib(events: pl.DataFrame, environment: dict[str, Any], gpu: pl.DataFrame) -> float | None:
-    """GPU memory capacity: from a CUDA OOM message, else nvidia-smi (-q or CSV) / dcgm-exporter."""
+def _oom_memory(events: pl.DataFrame) -> tuple[float | None, float]:
+    """(capacity, memory outside PyTorch's allocator) in GiB from a CUDA OOM message, when one was logged.
+
+    The message says how much of the GPU was in use in all (capacity - free) and how much PyTorch holds
+    (allocated + reserved but unallocated); the rest (CUDA context, NCCL buffers, other processes) is
+    not available to tensors, so a leak reaches its limit that much earlier.
+    """
     oom = events.filter(pl.col("fields").str.contains('"capacity"', literal=True))
     for raw in oom.get_column("fields").to_list():
-        text = pl.Series([raw]).str.json_path_match("$.capacity").item()
-        size = _parse_size_gib(text)
-        if size:
-            return size
+        fields = json.loads(raw)
+        capacity = _parse_size_gib(fields.get("capacity"))
+        if not capacity:
+            continue
+        parts = [_parse_size_gib(fields.get(k)) for k in ("free", "allocated", "reserved_unallocated")]
+        if all(p is not None for p in parts):
+            free, allocated, cached = parts
+            return capacity, max(0.0, capacity - free - allocated - cached)
+        return capacity, 0.0
+    return None, 0.0
+
+
+def _capacity_gib(events: pl.DataFrame, environment: dict[str, Any], gpu: pl.DataFrame) -> float | None:
+    """GPU memory capacity: from a CUDA OOM message, else nvidia-smi (-q or CSV) / dcgm-exporter."""
+    capacity, _ = _oom_memory(events)
+    if capacity:
+        return capacity
     total = environment.get("gpu_memory_total_mib")
     if isinstance(total, (int, float)) and total > 0:
         return float(total) * GIB_PER_MIB
@@ -234,6 +265,7 @@ def build_context(
         rank_curves=rank_curves(series),
         gpu=gpu,
         capacity_gib=_capacity_gib(events, environment or {}, gpu),
+        overhead_gib=_oom_memory(events)[1],
         marks=marks,
         mark_ts=_mark_times(marks, events),
         stamped=stamped,
@@ -247,6 +279,8 @@ def build_context(
 def _fmt(value: float) -> str:
     if not math.isfinite(value):
         return str(value)
+    if abs(value) >= 1e7:
+        return f"{value:.3g}"
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
@@ -394,41 +428,77 @@ def detect_non_finite(ctx: Context) -> list[Finding]:
     ]
 
 
+def _calm_noise(y: np.ndarray, window: int = 10) -> float:
+    """Point-to-point noise of the calmer stretches of a curve (the 25th percentile over windows).
+
+    Unstable stretches inflate the noise of the whole curve; the calm ones tell how noisy the metric is
+    when training behaves.
+    """
+    if len(y) < window + 2:
+        return noise_scale(y)
+    return float(np.percentile(rolling_noise(y, window), 25))
+
+
+def _divergence(finite: Curve) -> tuple[int, int, str] | None:
+    """(onset index, last index, how) of a divergence: far above the start, or back up to the end."""
+    y = finite.values
+    smooth = rolling_median(y, 5)
+    start = min(float(np.median(y[:3])), float(y[0]))  # a loss that explodes at once started at y[0]
+    noise_margin = DIVERGENCE_NOISE_K * _calm_noise(y)
+    if start > 0 and np.mean(y > 0) >= 0.9:  # a positive loss that explodes at once has no calm stretch:
+        noise_margin = min(noise_margin, DIVERGENCE_EXPLOSION_FACTOR * start)  # tripling it is enough
+    margin = max(noise_margin, DIVERGENCE_START_FRACTION * abs(start))
+    runs = [(a, b) for a, b in _runs(smooth > start + margin) if b - a + 1 >= DIVERGENCE_MIN_STEPS]
+    if runs:
+        b = runs[-1][1]
+        a = int(np.flatnonzero(y[: runs[0][0] + 1] <= start + margin)[-1]) + 1 if y[0] <= start + margin else 0
+        a = min(a, runs[0][0])
+        peak = int(a + np.argmax(y[a : b + 1]))
+        how = (
+            f"{finite.metric} started at {_fmt(start)} and from step {finite.steps[a]} climbed far above it, to "
+            f"{_fmt(float(y[peak]))} at step {finite.steps[peak]}"
+        )
+        if b == len(y) - 1:
+            how += ", and was still there when the log ended."
+        else:
+            tail = float(np.median(y[b + 1 :]))
+            how += f"; after step {finite.steps[b]} it came back down, to {_fmt(tail)}"
+            how += "." if tail < start - margin else ", no better than where it started: the run learnt nothing."
+        return a, b, how
+    tail = max(3, len(y) // 5)
+    best = int(np.argmin(smooth[:-tail]))
+    level = float(smooth[best])
+    final = float(np.median(y[-tail:]))
+    rise = final - level
+    progress = max(start - level, 0.0)
+    if rise <= max(margin, DIVERGENCE_PROGRESS_FRACTION * progress):
+        return None
+    half = level + rise / 2
+    above = np.flatnonzero(smooth[best:] > half)
+    onset = best + int(above[0]) if len(above) else best
+    if np.mean(y[onset:] > half) < 0.8:  # not sustained: bouncing, judged by the episode detector
+        return None
+    how = (
+        f"{finite.metric} fell to {_fmt(level)} by step {finite.steps[best]}, then from step {finite.steps[onset]} "
+        f"climbed back to {_fmt(final)} (median of the last {tail} steps)"
+    )
+    if progress > 0:
+        how += f", giving back {rise / progress:.0%} of what it had learnt"
+    return onset, len(y) - 1, how + ", and did not come back down."
+
+
 def detect_divergence(ctx: Context) -> list[Finding]:
-    """A loss that climbs back far above the best level it reached, and stays there."""
+    """A loss far above where it started for several steps, or one that climbs back up and stays there."""
     out = []
     for curve in _matching(ctx, _is_loss):
         finite = curve.finite()
         if len(finite) < MIN_POINTS + 2:
             continue
-        y = finite.values
-        smooth = rolling_median(y, 5)
-        tail = max(3, len(y) // 5)
-        best = int(np.argmin(smooth[:-tail]))
-        early = float(np.max(smooth[: max(3, warmup_steps(len(y)))]))
-        level = float(smooth[best])
-        rise = float(np.median(y[-tail:])) - level
-        noise = noise_scale(y[: best + 1]) if best >= 3 else noise_scale(y)
-        progress = max(early - level, 0.0)
-        threshold = max(DIVERGENCE_NOISE_K * noise, DIVERGENCE_PROGRESS_FRACTION * progress, 0.1 * abs(level))
-        if rise <= threshold:
+        found = _divergence(finite)
+        if found is None:
             continue
-        half = level + rise / 2
-        above = np.flatnonzero(smooth[best:] > half)
-        onset = best + int(above[0]) if len(above) else best
-        if np.mean(y[onset:] > half) < 0.8:  # not sustained: spikes or bouncing, judged elsewhere
-            continue
-        start, end = int(finite.steps[onset]), int(finite.steps[-1])
-        final = float(np.median(y[-tail:]))
-        parts = [
-            f"{curve.metric} fell to {_fmt(level)} by step {finite.steps[best]} and then climbed back to "
-            f"{_fmt(final)} (median of the last {tail} steps)"
-        ]
-        if noise > 0:
-            parts.append(f"{rise / noise:.0f}x its step-to-step noise")
-        if progress > 0:
-            parts.append(f"giving back {rise / progress:.0%} of what it had learnt")
-        explanation = ", ".join(parts) + f". The rise starts at step {start} and does not come back down."
+        onset, last, how = found
+        start = int(finite.steps[onset])
         out.append(
             _finding(
                 ctx,
@@ -438,14 +508,75 @@ def detect_divergence(ctx: Context) -> list[Finding]:
                 severity="error",
                 layer="script",
                 curve=curve,
-                steps=(start, end),
-                explanation=explanation,
+                steps=(start, int(finite.steps[last])),
+                explanation=how,
                 remediation=[
                     "Lower the learning rate (actor_rollout_ref.actor.optim.lr, critic.optim.lr) or lengthen its "
                     "warm-up; keep gradient clipping on (actor_rollout_ref.actor.grad_clip).",
                     f"Resume from a checkpoint saved before step {start} rather than from the latest one.",
                 ],
-                fields={"best_step": int(finite.steps[best]), "best": level, "final": final},
+            )
+        )
+    return out
+
+
+def _episodes(y: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """Stretches where a loss stands well above the best level it had reached, and that best level."""
+    best = np.minimum.accumulate(rolling_median(y, 5))
+    threshold = np.maximum(EPISODE_NOISE_K * _calm_noise(y), EPISODE_RELATIVE * np.abs(best))
+    return _runs(y - best > threshold), best
+
+
+def detect_loss_instability(ctx: Context) -> list[Finding]:
+    """A positive loss that keeps bouncing back above its best level (oscillation), or climbs back for a while."""
+    diverged = {f.fields["metric"] for f in detect_divergence(ctx)}
+    out = []
+    for curve in _matching(ctx, _is_loss):
+        finite = curve.finite()
+        if curve.metric in diverged or len(finite) < MIN_POINTS + EPISODE_SKIP:
+            continue
+        judged = Curve(curve.metric, finite.steps[EPISODE_SKIP:], finite.values[EPISODE_SKIP:])
+        y = judged.values
+        if np.mean(y > 0) < 0.9:  # zero-centred (an RL policy loss): bouncing around 0 is its nature
+            continue
+        episodes, best = _episodes(y)
+        length = sum(b - a + 1 for a, b in episodes)
+        if len(episodes) < OSCILLATION_MIN_EPISODES and length < REGRESSION_MIN_STEPS:
+            continue
+        worst = max(range(len(y)), key=lambda i: (y[i] - best[i]) / abs(best[i]) if best[i] else 0.0)
+        rise = (y[worst] - best[worst]) / abs(best[worst]) if best[worst] else float("inf")
+        first, last = int(judged.steps[episodes[0][0]]), int(judged.steps[episodes[-1][1]])
+        spans = [[int(judged.steps[a]), int(judged.steps[b])] for a, b in episodes]
+        if len(episodes) >= OSCILLATION_MIN_EPISODES:
+            rule, title = "loss-oscillation", f"{curve.metric} oscillates"
+            explanation = (
+                f"{curve.metric} jumped back above the best level it had reached {len(episodes)} times between "
+                f"steps {first} and {last}, by up to {rise:.0%} (step {judged.steps[worst]}), instead of settling: "
+                "the updates overshoot, typically a learning rate at the edge of stability."
+            )
+        else:
+            rule, title = "loss-regression", f"{curve.metric} climbed back up for {length} steps"
+            explanation = (
+                f"{curve.metric} climbed back above the best level it had reached ({_fmt(float(best[episodes[0][0]]))})"
+                f" from step {first} to step {last}, by up to {rise:.0%} at step {judged.steps[worst]}: an update "
+                "overshot and training spent those steps recovering."
+            )
+        out.append(
+            _finding(
+                ctx,
+                rule=rule,
+                cls="training_instability",
+                title=title,
+                severity="warning",
+                layer="script",
+                curve=curve,
+                steps=(first, last),
+                explanation=explanation,
+                remediation=[
+                    "Lower the learning rate or lengthen its warm-up; keep gradient clipping on.",
+                    "If it coincides with grad-norm spikes, look at the batches of those steps for outliers.",
+                ],
+                fields={"episodes": len(episodes), "spans": spans[:50], "max_rise": round(rise, 3)},
             )
         )
     return out
@@ -453,17 +584,19 @@ def detect_divergence(ctx: Context) -> list[Finding]:
 
 def _spike_indices(y: np.ndarray) -> list[tuple[int, float, float]]:
     """(index, z, local level) of points far above the window before them that then come back down."""
-    out = []
-    for i in range(SPIKE_WINDOW, len(y)):
-        window = y[i - SPIKE_WINDOW : i]
-        level = float(np.median(window))
-        scale = max(mad_scale(window), noise_scale(window), 1e-3 * abs(level), 1e-12)
-        z = (y[i] - level) / scale
-        excursion = y[i] - level
-        recovered = i + 1 >= len(y) or y[i + 1] < level + excursion / 2
-        if z >= SPIKE_Z and excursion >= (SPIKE_RATIO - 1) * abs(level) and recovered:
-            out.append((i, float(z), level))
-    return out
+    if len(y) <= SPIKE_WINDOW:
+        return []
+    windows = np.lib.stride_tricks.sliding_window_view(y[:-1], SPIKE_WINDOW)  # row j: the points before j + W
+    level = np.median(windows, axis=1)
+    mad = MAD_TO_SIGMA * np.median(np.abs(windows - level[:, None]), axis=1)
+    noise = rolling_noise(y[:-1], SPIKE_WINDOW)
+    scale = np.maximum.reduce([mad, noise, 1e-3 * np.abs(level), np.full(len(level), 1e-12)])
+    point = y[SPIKE_WINDOW:]
+    excursion = point - level
+    following = np.r_[y[SPIKE_WINDOW + 1 :], -np.inf]  # the last point counts as come back down
+    hits = (excursion / scale >= SPIKE_Z) & (excursion >= (SPIKE_RATIO - 1) * np.abs(level))
+    hits &= following < level + excursion / 2
+    return [(int(j + SPIKE_WINDOW), float(excursion[j] / scale[j]), float(level[j])) for j in np.flatnonzero(hits)]
 
 
 def detect_spikes(ctx: Context) -> list[Finding]:
@@ -495,6 +628,7 @@ def detect_spikes(ctx: Context) -> list[Finding]:
             _finding(
                 ctx,
                 rule="metric-spike",
+                symptom_of=CONSEQUENCE_OF,
                 cls="training_instability",
                 title=f"Spikes in {curve.metric}",
                 severity="warning",
@@ -541,6 +675,7 @@ def detect_grad_norm_explosion(ctx: Context) -> list[Finding]:
             _finding(
                 ctx,
                 rule="grad-norm-explosion",
+                symptom_of=CONSEQUENCE_OF,
                 cls="training_instability",
                 title=f"{curve.metric} exploded",
                 severity="error" if to_end else "warning",
@@ -602,6 +737,7 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
         _finding(
             ctx,
             rule="entropy-collapse",
+            symptom_of=CONSEQUENCE_OF,
             cls="training_instability",
             title="Policy entropy collapsed",
             severity="warning",
@@ -648,6 +784,7 @@ def detect_kl_blowup(ctx: Context) -> list[Finding]:
             _finding(
                 ctx,
                 rule="kl-blowup",
+                symptom_of=CONSEQUENCE_OF,
                 cls="training_instability",
                 title=f"KL blow-up in {curve.metric}",
                 severity="warning",
@@ -689,6 +826,7 @@ def detect_clip_fraction(ctx: Context) -> list[Finding]:
         _finding(
             ctx,
             rule="clip-fraction-high",
+            symptom_of=CONSEQUENCE_OF,
             cls="training_instability",
             title="PPO clip fraction too high",
             severity="warning",
@@ -767,8 +905,9 @@ def detect_reward_shift(ctx: Context) -> list[Finding]:
                 f" At the same time response_length/mean fell from {_fmt(lcp.before)} to {_fmt(lcp.after)} "
                 f"(-{length_drop:.0%}) at step {lj.steps[lcp.index]}."
             )
+    symptom_of: tuple[str, ...] = ()
     if cp.shift < 0:
-        rule, title = "reward-collapse", "Reward collapsed"
+        rule, title, symptom_of = "reward-collapse", "Reward collapsed", CONSEQUENCE_OF
         explanation = (
             f"{reward.metric} dropped from {_fmt(cp.before)} to {_fmt(cp.after)} at step {step} "
             f"({cp.strength:.0f}x its step-to-step noise) and stayed down.{length_note} A sudden collapse points to a "
@@ -799,6 +938,7 @@ def detect_reward_shift(ctx: Context) -> list[Finding]:
                 "Harden the reward function (format checks, length penalties) and resume from before the shift.",
             ],
             fields={"before": cp.before, "after": cp.after, **({"length_drop": length_drop} if length_drop else {})},
+            symptom_of=symptom_of,
         )
     ]
 
@@ -887,11 +1027,13 @@ def detect_memory_growth(ctx: Context) -> list[Finding]:
             f"it rose in {np.mean(np.diff(judged.values) > 0):.0%} of the steps, which a warm-up plateau does not."
         )
         if capacity:
-            remaining = capacity - float(judged.values[-1])
+            overhead = ctx.overhead_gib if what == "GPU" else 0.0
+            remaining = capacity - overhead - float(judged.values[-1])
             projected = last + max(1, math.ceil(remaining / growth.slope)) if remaining > 0 else last
             fields.update(capacity_gib=round(capacity, 2), projected_step=projected)
+            beside = f" less the {overhead:.1f} GiB held outside PyTorch" if overhead >= 0.05 else ""
             explanation += (
-                f" At that rate it reaches the {what}'s {capacity:.1f} GiB capacity at step {projected}: "
+                f" At that rate it reaches the {what}'s {capacity:.1f} GiB capacity{beside} at step {projected}: "
                 f"the run was heading for an out-of-memory failure at step {projected}."
             )
         rank, gpu_note = _leaking_gpu(ctx) if what == "GPU" else (None, "")
@@ -931,42 +1073,50 @@ def _throughput_curve(ctx: Context) -> tuple[Curve, bool] | None:
     return (curve, False) if curve is not None else None
 
 
-def _gpu_shift_note(ctx: Context, step: int) -> tuple[int | None, str]:
-    """The GPU whose power draw changed most unlike its peers' around the regression, if one stands out.
+def _aligned_gpu_samples(ctx: Context, metric: str) -> tuple[list[int], np.ndarray, list[datetime]] | None:
+    """(GPUs, samples x GPUs matrix, times): the k-th sample of every GPU belongs to one sampling cycle."""
+    part = ctx.gpu.filter((pl.col("metric") == metric) & pl.col("rank").is_not_null() & pl.col("ts").is_not_null())
+    if part.is_empty() or part["rank"].n_unique() < 2:
+        return None
+    part = part.sort("rank", "ts").with_columns(pl.int_range(pl.len()).over("rank").alias("k"))
+    wide = part.pivot(on="rank", index="k", values="value").sort("k").drop_nulls()
+    gpus = sorted(int(c) for c in wide.columns if c != "k")
+    times = part.filter(pl.col("rank") == gpus[0]).sort("k")["ts"].to_list()[: wide.height]
+    return gpus, wide.select([str(g) for g in gpus]).to_numpy().astype(float), times
 
-    Step lines carry no time, so the regression time is estimated from the GPU samples themselves: the
-    best change point of the spread between GPUs' power draw.
+
+def _straggler_gpu(ctx: Context) -> tuple[int | None, str]:
+    """The GPU that kept working while its peers waited, from nvidia-smi / dcgm power draw.
+
+    Step lines carry no time, so the moment is read from the GPU samples themselves: the change point
+    where the GPUs' power draw, alike until then, drew apart. The one that still draws the most is busy
+    while the others idle in collectives waiting for it: the straggler.
     """
-    power = ctx.gpu.filter((pl.col("metric") == "gpu/power_w") & pl.col("ts").is_not_null())
-    if power.is_empty() or power["rank"].n_unique() < 2:
+    aligned = _aligned_gpu_samples(ctx, "gpu/power_w")
+    if aligned is None:
         return None, ""
-    wide = (
-        power.with_columns(pl.col("ts").dt.truncate("1s"))
-        .group_by("ts", "rank")
-        .agg(pl.col("value").mean())
-        .pivot(on="rank", index="ts", values="value")
-        .sort("ts")
-        .drop_nulls()
-    )
-    gpus = [c for c in wide.columns if c != "ts"]
-    if wide.height < 2 * MIN_POINTS:
+    gpus, power, times = aligned
+    util = _aligned_gpu_samples(ctx, "gpu/util_pct")
+    if util is not None and util[1].shape == power.shape:
+        active = util[1].max(axis=1) >= 50  # only while the job runs on the GPUs
+        power, times = power[active], [t for t, a in zip(times, active, strict=True) if a]
+    if len(power) < 2 * MIN_POINTS:
         return None, ""
-    values = wide.select(gpus).to_numpy()
-    deviation = values - np.median(values, axis=1, keepdims=True)
-    best: tuple[float, int, Any] | None = None
-    for k in range(len(gpus)):
-        cp = change_point(deviation[:, k], min_size=max(3, wide.height // 10))
-        if cp is not None and (best is None or cp.strength > best[0]):
-            best = (cp.strength, k, cp)
-    if best is None or best[0] < GPU_SHIFT_STRENGTH:
+    spread = power.max(axis=1) - power.min(axis=1)
+    cp = change_point(spread, min_size=max(3, len(spread) // 10))
+    if cp is None or cp.shift <= 0 or not cp.is_step() or cp.strength < GPU_SHIFT_STRENGTH:
         return None, ""
-    _, k, cp = best
-    when = wide["ts"][cp.index]
-    gpu = int(gpus[k])
-    direction = "rose" if cp.shift > 0 else "fell"
+    after = np.median(power[cp.index :], axis=0)
+    before = np.median(power[: cp.index], axis=0)
+    top = int(np.argmax(after))
+    others = float(np.median(np.delete(after, top)))
+    if after[top] < GPU_BUSY_RATIO * others:
+        return None, ""
+    gpu = gpus[top]
     return gpu, (
-        f" In nvidia-smi, GPU {gpu}'s power draw {direction} by {abs(cp.shift):.0f} W relative to the other GPUs "
-        f"from {when:%H:%M:%S} on: it does different work from its peers, who wait for it in every collective."
+        f" In nvidia-smi the GPUs drew alike ({np.median(before):.0f} W) until {times[cp.index]:%H:%M:%S}; from then "
+        f"on GPU {gpu} drew {after[top]:.0f} W while the others drew {others:.0f} W: GPU {gpu} kept computing "
+        f"while its peers waited for it in collectives, so GPU {gpu} (local rank {gpu}) is the straggler."
     )
 
 
@@ -999,7 +1149,7 @@ def detect_throughput_regression(ctx: Context) -> list[Finding]:
         post = t.values[t.steps >= step]
         if len(pre) and len(post):
             explanation += f" timing_s/step rose from {np.median(pre):.3g} s to {np.median(post):.3g} s."
-    rank, note = _gpu_shift_note(ctx, step)
+    rank, note = _straggler_gpu(ctx)
     explanation += note or " A sudden, lasting slowdown points at one slow rank (a straggler) or a degraded link."
     return [
         _finding(
@@ -1136,6 +1286,7 @@ def detect_stall(ctx: Context) -> list[Finding]:
 DETECTORS: tuple[Callable[[Context], list[Finding]], ...] = (
     detect_non_finite,
     detect_divergence,
+    detect_loss_instability,
     detect_spikes,
     detect_grad_norm_explosion,
     detect_entropy_collapse,

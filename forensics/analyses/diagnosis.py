@@ -263,7 +263,8 @@ def diagnose(events: pl.DataFrame, findings: list[Finding], step_marks: list[tup
     if note:
         explanation.append(note)
     explanation.extend(_precursors(root, findings))
-    root.step = _step_of(root, step_marks)
+    if root.step is None:  # a detector finding knows its step
+        root.step = _step_of(root, step_marks)
     explained = [f for f in findings if f not in independent]
     rival_classes = {f.cls for f in pool if f.cls != root.cls}
     confidence = 0.9 if not rival_classes else max(0.5, 0.9 - 0.15 * len(rival_classes))

@@ -33,7 +33,23 @@ def rolling_median(x: np.ndarray, window: int) -> np.ndarray:
     """Centred rolling median; the window shrinks at the ends."""
     n = len(x)
     half = window // 2
-    return np.array([np.median(x[max(0, i - half) : min(n, i + half + 1)]) for i in range(n)])
+    if n <= window:
+        return np.array([np.median(x[max(0, i - half) : min(n, i + half + 1)]) for i in range(n)])
+    out = np.empty(n)
+    out[half : n - half] = np.median(np.lib.stride_tricks.sliding_window_view(x, 2 * half + 1), axis=1)
+    for i in [*range(half), *range(n - half, n)]:
+        out[i] = np.median(x[max(0, i - half) : min(n, i + half + 1)])
+    return out
+
+
+def rolling_noise(x: np.ndarray, window: int) -> np.ndarray:
+    """`noise_scale` of every window of `window` points."""
+    d = np.diff(x)
+    if len(d) < window - 1 or window < 3:
+        return np.array([noise_scale(x)])
+    views = np.lib.stride_tricks.sliding_window_view(d, window - 1)
+    centre = np.median(views, axis=1, keepdims=True)
+    return MAD_TO_SIGMA * np.median(np.abs(views - centre), axis=1) / np.sqrt(2.0)
 
 
 def hampel(x: np.ndarray, window: int = 7, k: float = 4.0) -> np.ndarray:

@@ -90,11 +90,19 @@ def unwrap_step_line(first: str, following: list[str]) -> str:
 
 
 def _continuations(hit: Hit) -> list[str]:
-    """Bodies of the lines after a step line that may continue it, from the same process."""
+    """Bodies of the lines right after a step line that look like its hard-wrapped rest, same process.
+
+    Stops at the first line that does not, so a normal log costs one look at the next line.
+    """
     out = []
     for raw in hit.following(MAX_WRAPPED_LINES):
         ctx = attribute(raw, hit.fctx)
-        if not _same_origin(ctx, hit.ctx):
+        body = ctx.body.strip()
+        if (
+            not _same_origin(ctx, hit.ctx)
+            or body.startswith("step:")
+            or not (CONTINUATION.match(body) or KEY_TAIL.match(body))
+        ):
             break
         out.append(ctx.body)
     return out
@@ -103,7 +111,7 @@ def _continuations(hit: Hit) -> list[str]:
 def _handle_step(rec: LineRecord, sink: Sink) -> None:
     body = rec.hit.ctx.body
     following = _continuations(rec.hit)
-    if following and (CONTINUATION.match(following[0].strip()) or not body.rstrip().rsplit(" - ", 1)[-1].count(":")):
+    if following:
         body = unwrap_step_line(body, following)
     parsed = parse_step_line(body)
     if parsed is None:

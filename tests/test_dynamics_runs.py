@@ -1,0 +1,107 @@
+"""Captured 2-GPU runs (scripts/capture/train.py under torchrun on H200s): each gets the verdict its
+injected fault calls for, and the healthy one stays healthy. Expectations live in expected.yaml."""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import cache
+
+import pytest
+import yaml
+
+from forensics.analyze import analyze
+from forensics.model import Analysis
+from forensics.report.figures import figures
+from forensics.report.html import render_html
+from tests.conftest import FIXTURES
+
+RUNS = FIXTURES / "runs"
+FAULTS = ["lr_divergence", "lr_oscillation", "nan_injection", "leak_oom", "slow_rank"]
+
+
+@cache
+def _analysis(name: str) -> Analysis:
+    return analyze([RUNS / name])
+
+
+def _expected(name: str) -> dict:
+    return yaml.safe_load((RUNS / name / "expected.yaml").read_text(encoding="utf-8"))
+
+
+def _fired(a: Analysis) -> Counter:
+    counts: Counter = Counter()
+    for f in a.findings:
+        counts[f.rule] += f.count
+    return counts
+
+
+def test_healthy_run_raises_no_alarm_and_passes_the_checklist():
+    a = _analysis("healthy")
+    assert a.verdict.status == "healthy"
+    assert a.findings == []
+    checks = {c["name"]: c["status"] for c in a.checks}
+    assert {k: checks[k] for k in ("GPU memory headroom", "Throughput stability", "Batch sizes")} == {
+        "GPU memory headroom": "pass",
+        "Throughput stability": "pass",
+        "Batch sizes": "pass",
+    }
+    assert a.environment["driver_version"] == "580.159.04"
+    assert a.environment["torch_version"] == "2.11.0+cu130"
+    assert a.config["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == 8
+    assert a.series.filter(a.series["metric"] == "actor/pg_loss")["step"].n_unique() == 80
+
+
+@pytest.mark.parametrize("name", FAULTS)
+def test_fault_run_verdict(name):
+    a, want = _analysis(name), _expected(name)
+    rc = a.verdict.root_cause
+    assert a.verdict.status == want["status"]
+    root = want["root"]
+    assert (rc.cls, rc.rule, rc.rank, rc.step) == (root["class"], root["rule"], root["rank"], root["step"])
+    assert dict(_fired(a)) == want["findings"]
+    assert [s.rule for s in a.verdict.symptoms] == want.get("symptoms", [])
+
+
+@pytest.mark.parametrize("name", FAULTS)
+def test_detector_findings_cover_the_right_steps(name):
+    a, want = _analysis(name), _expected(name)
+    by_rule = {f.rule: f for f in a.findings}
+    for rule, fields in want.get("detectors", {}).items():
+        finding = by_rule[rule]
+        assert finding.explanation, rule
+        for key, value in fields.items():
+            actual = finding.rank if key == "rank" else finding.fields[key]
+            assert actual == value, (rule, key)
+
+
+def test_leak_report_names_the_step_the_oom_was_heading_for():
+    a = _analysis("leak_oom")
+    rc = a.verdict.root_cause
+    assert rc.fields["projected_step"] == rc.step == 24
+    assert rc.fields["precursor"] == "memory-growth"
+    assert "6 GiB per step" in rc.explanation and "out-of-memory failure at step 24" in rc.explanation
+    assert "GPU 1 peaked" in rc.explanation
+    html = render_html(a)
+    assert "heading for an out-of-memory failure at step 24" in html
+
+
+def test_slow_rank_is_degraded_with_the_step_where_throughput_fell_and_the_busy_gpu():
+    a = _analysis("slow_rank")
+    rc = a.verdict.root_cause
+    assert (a.verdict.status, rc.step, rc.rank) == ("degraded", 40, 1)
+    assert "at step 40" in rc.explanation and "GPU 1 kept computing" in rc.explanation
+    assert {c["name"]: c["status"] for c in a.checks}["Throughput stability"] == "warn"
+
+
+def test_detector_steps_are_shaded_on_the_step_plots():
+    figs = dict(figures(_analysis("slow_rank")))
+    rects = [s for s in figs["throughput"].layout.shapes if s.type == "rect"]
+    assert [(r.x0, r.x1) for r in rects] == [(39.5, 80.5)]
+    oscillation = dict(figures(_analysis("lr_oscillation")))["training"]
+    assert len([s for s in oscillation.layout.shapes if s.type == "rect"]) == 9  # one per episode
+
+
+def test_report_explains_each_detector_finding():
+    html = render_html(_analysis("lr_divergence"))
+    assert 'id="dynamics"' in html and "climbed far above it" in html
+    assert 'id="checks"' in html and "Batch sizes" in html
