@@ -3,6 +3,7 @@ injected fault calls for, and the healthy one stays healthy. Expectations live i
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from functools import cache
 
@@ -49,6 +50,24 @@ def test_healthy_run_raises_no_alarm_and_passes_the_checklist():
     assert a.environment["torch_version"] == "2.11.0+cu130"
     assert a.config["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == 8
     assert a.series.filter(a.series["metric"] == "actor/pg_loss")["step"].n_unique() == 80
+    # rank 0's own stdout (torchrun --log-dir) holds the same step lines as the tee'd console, with the rank
+    samples = {f.path: f.samples for f in a.files}
+    assert samples["torchrun_logs/none_zhvhbcke/attempt_0/0/stdout.log"] == samples["driver.log"] > 1000
+    assert a.series.filter(a.series["source"] == "verl_console")["rank"].unique().to_list() == [0]
+
+
+def test_check_command_prints_the_checklist():
+    from click.testing import CliRunner
+
+    from forensics.cli import main
+
+    result = CliRunner().invoke(main, ["check", str(RUNS / "slow_rank"), "--json"])
+    assert result.exit_code == 0, result.output
+    checks = {c["name"]: c for c in json.loads(result.output)}
+    assert checks["Throughput stability"]["status"] == "warn"
+    assert checks["NVIDIA driver"]["value"] == "580.159.04"
+    table = CliRunner().invoke(main, ["check", str(RUNS / "healthy")])
+    assert table.exit_code == 0 and "Batch sizes" in table.output and "pass" in table.output
 
 
 @pytest.mark.parametrize("name", FAULTS)

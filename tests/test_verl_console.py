@@ -74,6 +74,8 @@ def test_taskrunner_config_dump_and_hydra_files_become_dotted_config():
     assert c["ray_kwargs.ray_init.num_cpus"] == 2  # an override from .hydra/overrides.yaml
     # .hydra/config.yaml leaves ${...} unresolved; the TaskRunner's resolved value is the one kept
     assert c["trainer.default_local_dir"] == "checkpoints/verl_grpo_example_gsm8k/qwen2_5_0_5b_grpo"
+    val = a.series.filter(pl.col("metric") == "val-core/openai/gsm8k/acc/mean@1")
+    assert val.select("step", "value").rows() == [(0, 0.25)]
     kinds = {f.path: f.kind for f in a.files}
     assert kinds["outputs/.hydra/config.yaml"] == "hydra_config"
     assert kinds["outputs/.hydra/overrides.yaml"] == "hydra_overrides"
