@@ -1,0 +1,329 @@
+"""Per-run metric curves: what detectors and checks read, and how their findings are built.
+
+The series table holds every sample of every source (console step lines, each rank's stdout, the
+file logger, nvidia-smi); a `Curve` is one metric by step with the duplicate copies joined, and a
+`Context` bundles the curves with what a finding needs to point at the log: the line of each step,
+its time where the log has one, the GPU samples over time and the GPU's memory capacity.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from forensics.model import Evidence, Finding
+
+GPU_SOURCES = ("nvidia_smi", "dcgm")
+GIB_PER_MIB = 1 / 1024
+MIN_POINTS = 8  # fewer steps than this after warm-up: too short to judge a trend
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One metric by step (steps sorted and unique; NaN and inf kept)."""
+
+    metric: str
+    steps: np.ndarray
+    values: np.ndarray
+
+    def finite(self) -> Curve:
+        keep = np.isfinite(self.values)
+        return Curve(self.metric, self.steps[keep], self.values[keep])
+
+    def after(self, step: int) -> Curve:
+        keep = self.steps > step
+        return Curve(self.metric, self.steps[keep], self.values[keep])
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+@dataclass
+class Context:
+    """Everything the detectors read, built once per run."""
+
+    curves: dict[str, Curve]
+    rank_curves: dict[str, dict[int, Curve]]  # metric -> rank -> curve, only where ranks logged apart
+    gpu: pl.DataFrame  # per-GPU samples over time (nvidia-smi, dcgm-exporter)
+    capacity_gib: float | None
+    overhead_gib: float  # GPU memory outside PyTorch's allocator, when an OOM message told it
+    marks: dict[int, tuple[str, int, int]]  # step -> (file, line, file index) of its first step line
+    mark_ts: dict[int, datetime]  # step -> time inferred from the nearest stamped line before it
+    stamped: pl.DataFrame  # events with their own timestamp: file, line, ts
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def metric_leaf(metric: str) -> str:
+    return metric.rsplit("/", 1)[-1]
+
+
+def is_loss(metric: str) -> bool:
+    name = metric_leaf(metric)
+    return (name == "loss" or name.endswith("_loss")) and name not in ("entropy_loss", "kl_loss")
+
+
+def is_grad_norm(metric: str) -> bool:
+    return metric_leaf(metric).endswith("grad_norm")
+
+
+def is_watched_for_non_finite(metric: str) -> bool:
+    name = metric_leaf(metric)
+    return name.endswith("loss") or name.endswith("grad_norm") or name in ("ppo_kl", "entropy")
+
+
+def _reduction(metric: str) -> str:
+    """verl reduces worker metrics with max for keys naming `max`, min for `min`, else mean."""
+    if "max" in metric:
+        return "max"
+    if "min" in metric:
+        return "min"
+    return "mean"
+
+
+def warmup_steps(n: int) -> int:
+    """Steps skipped before judging a trend: 10% of the run, at least 2 and at most 10."""
+    return min(10, max(2, n // 10))
+
+
+def step_curves(series: pl.DataFrame) -> dict[str, Curve]:
+    """One run-level curve per metric: the duplicate copies (console, per-rank stdout, JSONL) joined."""
+    by_step = series.filter(pl.col("step").is_not_null() & ~pl.col("source").is_in(GPU_SOURCES))
+    if by_step.is_empty():
+        return {}
+    curves = {}
+    for (metric,), part in by_step.group_by("metric"):
+        how = _reduction(str(metric))
+        agg = {"max": pl.col("value").max(), "min": pl.col("value").min()}.get(how, pl.col("value").mean())
+        grouped = part.group_by("step").agg(agg.alias("value")).sort("step")
+        curves[str(metric)] = Curve(
+            str(metric), grouped["step"].to_numpy().astype(np.int64), grouped["value"].to_numpy().astype(float)
+        )
+    return curves
+
+
+def rank_curves(series: pl.DataFrame) -> dict[str, dict[int, Curve]]:
+    """Per-rank curves, only for metrics that at least two ranks logged with different values."""
+    ranked = series.filter(
+        pl.col("step").is_not_null() & pl.col("rank").is_not_null() & ~pl.col("source").is_in(GPU_SOURCES)
+    )
+    out: dict[str, dict[int, Curve]] = {}
+    if ranked.is_empty():
+        return out
+    for (metric,), part in ranked.group_by("metric"):
+        if part["rank"].n_unique() < 2:
+            continue
+        per = {}
+        for (rank,), rows in part.group_by("rank"):
+            grouped = rows.group_by("step").agg(pl.col("value").mean()).sort("step")
+            per[int(rank)] = Curve(str(metric), grouped["step"].to_numpy(), grouped["value"].to_numpy().astype(float))
+        values = {tuple(np.round(c.values, 12)) for c in per.values()}
+        if len(values) > 1:
+            out[str(metric)] = per
+    return out
+
+
+def _oom_memory(events: pl.DataFrame) -> tuple[float | None, float]:
+    """(capacity, memory outside PyTorch's allocator) in GiB from a CUDA OOM message, when one was logged.
+
+    The message says how much of the GPU was in use in all (capacity - free) and how much PyTorch holds
+    (allocated + reserved but unallocated); the rest (CUDA context, NCCL buffers, other processes) is
+    not available to tensors, so a leak reaches its limit that much earlier.
+    """
+    oom = events.filter(pl.col("fields").str.contains('"capacity"', literal=True))
+    for raw in oom.get_column("fields").to_list():
+        fields = json.loads(raw)
+        capacity = _parse_size_gib(fields.get("capacity"))
+        if not capacity:
+            continue
+        parts = [_parse_size_gib(fields.get(k)) for k in ("free", "allocated", "reserved_unallocated")]
+        if all(p is not None for p in parts):
+            free, allocated, cached = parts
+            return capacity, max(0.0, capacity - free - allocated - cached)
+        return capacity, 0.0
+    return None, 0.0
+
+
+def _capacity_gib(events: pl.DataFrame, environment: dict[str, Any], gpu: pl.DataFrame) -> float | None:
+    """GPU memory capacity: from a CUDA OOM message, else nvidia-smi (-q or CSV) / dcgm-exporter."""
+    capacity, _ = _oom_memory(events)
+    if capacity:
+        return capacity
+    total = environment.get("gpu_memory_total_mib")
+    if isinstance(total, (int, float)) and total > 0:
+        return float(total) * GIB_PER_MIB
+    totals = gpu.filter(pl.col("metric") == "gpu/memory_total_mib").get_column("value")
+    return float(totals.max()) * GIB_PER_MIB if totals.len() else None
+
+
+def _parse_size_gib(text: str | None) -> float | None:
+    if not text:
+        return None
+    number, _, unit = text.strip().partition(" ")
+    scale = {"GiB": 1.0, "GB": 1.0, "MiB": 1 / 1024, "MB": 1 / 1024, "TiB": 1024.0, "KiB": 1 / 1024**2}.get(unit)
+    try:
+        return float(number) * scale if scale else None
+    except ValueError:
+        return None
+
+
+def _marks(step_marks: list[tuple[str, int, int]], file_order: dict[str, int]) -> dict[int, tuple[str, int, int]]:
+    first: dict[int, tuple[str, int, int]] = {}
+    for file, line, step in step_marks:
+        candidate = (file, line, file_order.get(file, 0))
+        if step not in first or (candidate[2], line) < (first[step][2], first[step][1]):
+            first[step] = candidate
+    return first
+
+
+def _mark_times(marks: dict[int, tuple[str, int, int]], events: pl.DataFrame) -> dict[int, datetime]:
+    """Each step line's time, taken from the nearest earlier line of its file that has one."""
+    stamped = events.filter(pl.col("ts").is_not_null()).select("file", "line", "ts").sort("file", "line")
+    if stamped.is_empty() or not marks:
+        return {}
+    frame = pl.DataFrame(
+        {"step": list(marks), "file": [m[0] for m in marks.values()], "line": [m[1] for m in marks.values()]},
+        schema={"step": pl.Int64, "file": pl.String, "line": pl.Int64},
+    ).sort("file", "line")
+    joined = frame.join_asof(stamped, on="line", by="file", strategy="backward", check_sortedness=False)
+    return {row["step"]: row["ts"] for row in joined.iter_rows(named=True) if row["ts"] is not None}
+
+
+def build_context(
+    series: pl.DataFrame,
+    events: pl.DataFrame,
+    step_marks: list[tuple[str, int, int]],
+    file_order: dict[str, int],
+    environment: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
+) -> Context:
+    gpu = series.filter(pl.col("source").is_in(GPU_SOURCES))
+    marks = _marks(step_marks, file_order)
+    stamped = events.filter(pl.col("ts").is_not_null() & ~pl.col("ts_inferred")).select("file", "line", "ts")
+    return Context(
+        curves=step_curves(series),
+        rank_curves=rank_curves(series),
+        gpu=gpu,
+        capacity_gib=_capacity_gib(events, environment or {}, gpu),
+        overhead_gib=_oom_memory(events)[1],
+        marks=marks,
+        mark_ts=_mark_times(marks, events),
+        stamped=stamped,
+        config=config or {},
+    )
+
+
+# --- building findings -------------------------------------------------------------------------
+
+
+def fmt(value: float) -> str:
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 1e7:
+        return f"{value:.3g}"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def evidence_at(ctx: Context, step: int, metric: str, value: float) -> Evidence | None:
+    mark = ctx.marks.get(step)
+    if mark is None:
+        return None
+    return Evidence(mark[0], mark[1], f"step:{step} - … - {metric}:{fmt(value)} - …")
+
+
+def value_at(curve: Curve, step: int) -> float:
+    hit = np.flatnonzero(curve.steps == step)
+    return float(curve.values[hit[0]]) if len(hit) else math.nan
+
+
+def make_finding(
+    ctx: Context,
+    *,
+    rule: str,
+    cls: str,
+    title: str,
+    severity: str,
+    layer: str,
+    curve: Curve | None,
+    steps: tuple[int, int],
+    explanation: str,
+    remediation: list[str],
+    fields: dict[str, Any] | None = None,
+    rank: int | None = None,
+    symptom_of: tuple[str, ...] = (),
+) -> Finding:
+    first, last = int(steps[0]), int(steps[1])
+    evidence = []
+    if curve is not None:
+        for step in dict.fromkeys((first, last)):
+            ev = evidence_at(ctx, step, curve.metric, value_at(curve, step))
+            if ev is not None:
+                evidence.append(ev)
+    mark = ctx.marks.get(first)
+    order = (mark[2], mark[1], 0) if mark else (1 << 30, first, 0)
+    return Finding(
+        rule=rule,
+        cls=cls,
+        title=title,
+        severity=severity,
+        layer=layer,
+        rank=rank,
+        host=None,
+        role=None,
+        ts=ctx.mark_ts.get(first),
+        ts_inferred=True,
+        order=order,
+        count=1,
+        evidence=evidence,
+        fields={
+            "detector": rule,
+            **({"metric": curve.metric} if curve else {}),
+            "steps": [first, last],
+            **(fields or {}),
+        },
+        remediation=remediation,
+        symptom_of=symptom_of,
+        step=first,
+        explanation=explanation,
+    )
+
+
+def pick(ctx: Context, *names: str) -> Curve | None:
+    for name in names:
+        if name in ctx.curves:
+            return ctx.curves[name]
+    return None
+
+
+def matching(ctx: Context, predicate: Callable[[str], bool]) -> list[Curve]:
+    return [c for m, c in sorted(ctx.curves.items()) if predicate(m) and not m.startswith("val-")]
+
+
+def after_warmup(curve: Curve) -> Curve | None:
+    """The finite part of a curve after its warm-up, or None when too short to judge."""
+    finite = curve.finite()
+    if len(finite) < MIN_POINTS + 2:
+        return None
+    judged = finite.after(int(finite.steps[warmup_steps(len(finite)) - 1]))
+    return judged if len(judged) >= MIN_POINTS else None
+
+
+def runs_of(mask: np.ndarray) -> list[tuple[int, int]]:
+    """(first, last) index of each run of True."""
+    out = []
+    start = None
+    for i, v in enumerate(mask):
+        if v and start is None:
+            start = i
+        elif not v and start is not None:
+            out.append((start, i - 1))
+            start = None
+    if start is not None:
+        out.append((start, len(mask) - 1))
+    return out
