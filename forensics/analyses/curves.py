@@ -234,7 +234,7 @@ def evidence_at(ctx: Context, step: int, metric: str, value: float) -> Evidence 
     mark = ctx.marks.get(step)
     if mark is None:
         return None
-    return Evidence(mark[0], mark[1], f"step:{step} - … - {metric}:{fmt(value)} - …")
+    return Evidence(mark[0], mark[1], f"step:{step} - … - {metric}:{value:.6g} - …")
 
 
 def value_at(curve: Curve, step: int) -> float:

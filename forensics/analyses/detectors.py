@@ -155,7 +155,7 @@ def _calm_noise(y: np.ndarray, window: int = 10) -> float:
     return float(np.percentile(rolling_noise(y, window), 25))
 
 
-def _divergence(finite: Curve) -> tuple[int, int, str] | None:
+def _divergence(finite: Curve, last_logged: int) -> tuple[int, int, str] | None:
     """(onset index, last index, how) of a divergence: far above the start, or back up to the end."""
     y = finite.values
     smooth = rolling_median(y, 5)
@@ -174,7 +174,9 @@ def _divergence(finite: Curve) -> tuple[int, int, str] | None:
             f"{finite.metric} started at {fmt(start)} and from step {finite.steps[a]} climbed far above it, to "
             f"{fmt(float(y[peak]))} at step {finite.steps[peak]}"
         )
-        if b == len(y) - 1:
+        if b == len(y) - 1 and finite.steps[-1] < last_logged:
+            how += f", until it was no longer a number after step {finite.steps[-1]}."
+        elif b == len(y) - 1:
             how += ", and was still there when the log ended."
         else:
             tail = float(np.median(y[b + 1 :]))
@@ -210,7 +212,7 @@ def detect_divergence(ctx: Context) -> list[Finding]:
         finite = curve.finite()
         if len(finite) < MIN_POINTS + 2:
             continue
-        found = _divergence(finite)
+        found = _divergence(finite, int(curve.steps[-1]))
         if found is None:
             continue
         onset, last, how = found
@@ -688,7 +690,8 @@ def add_detector_findings(findings: list[Finding], detected: list[Finding]) -> l
     """Rule findings plus detector findings, in time order.
 
     The `non-finite-loss` rule already caught the first NaN step line; the detector's finding adds the
-    first step and metric to it (and whether training recovered) instead of standing beside it.
+    first step and metric to it (and whether training recovered) instead of standing beside it. A NaN
+    that follows a divergence is where the divergence ended, so it becomes its symptom.
     """
     out = list(findings)
     by_rule = [f for f in findings if f.rule == NON_FINITE_RULE]
@@ -700,4 +703,17 @@ def add_detector_findings(findings: list[Finding], detected: list[Finding]) -> l
             target.step = finding.step
             continue
         out.append(finding)
+    _nan_after_divergence(out)
     return sorted(out, key=_sort_key)
+
+
+def _nan_after_divergence(findings: list[Finding]) -> None:
+    diverged = [f for f in findings if f.rule == "loss-divergence" and f.step is not None]
+    for nan in (f for f in findings if f.rule in (NON_FINITE_RULE, "non-finite-metric") and f.step is not None):
+        earlier = [d for d in diverged if d.step < nan.step]
+        if earlier:
+            first = min(earlier, key=lambda d: d.step)
+            nan.symptom_of = (*nan.symptom_of, "training_instability")
+            nan.explanation += (
+                f" It ends the divergence of {first.fields.get('metric')} that began at step {first.step}."
+            )
