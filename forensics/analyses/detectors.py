@@ -13,6 +13,7 @@ threshold asks for a large effect relative to the curve's own noise *and* to its
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,7 @@ from forensics.analyses.robust import (
     noise_scale,
     rolling_median,
     rolling_noise,
+    trailing_median,
 )
 from forensics.model import Finding
 
@@ -63,13 +65,13 @@ DIVERGENCE_MIN_STEPS = 5  # ...for this many steps in a row;
 DIVERGENCE_EXPLOSION_FACTOR = 2.0  # (a positive loss at three times its start is far above it, whatever its noise)
 DIVERGENCE_PROGRESS_FRACTION = 0.5  # or it climbs back, giving back half the progress, to the end
 EPISODE_SKIP = 2  # the first steps of a run are not judged (initial loss, first updates)
-EPISODE_NOISE_K = 4.0  # an episode stands this many calm-noise units above the best level so far...
-EPISODE_RELATIVE = 0.1  # ...and 10% above it
+EPISODE_NOISE_MARGIN = 2.0  # an episode stands this many noise units above noise's own maximum...
+EPISODE_RELATIVE = 0.08  # ...and 8% above the best level so far
 OSCILLATION_MIN_EPISODES = 3  # bouncing back up three times or more is an oscillation
 REGRESSION_MIN_STEPS = 5  # one long climb back up is a regression
 SPIKE_Z = 10.0  # robust z-score of a spike against the preceding window
 SPIKE_RATIO = 2.0  # and at least twice the local level
-SPIKE_WINDOW = 15
+SPIKE_WINDOW = 30  # a shorter window makes the MAD too unsteady for heavy-tailed grad norms
 EXPLOSION_FACTOR = 10.0  # grad norm 10x its early level, for EXPLOSION_MIN_STEPS steps in a row
 EXPLOSION_MIN_STEPS = 3
 ENTROPY_COLLAPSE_FRACTION = 0.1  # entropy ends below 10% of where it started
@@ -239,9 +241,17 @@ def detect_divergence(ctx: Context) -> list[Finding]:
 
 
 def _episodes(y: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
-    """Stretches where a loss stands well above the best level it had reached, and that best level."""
-    best = np.minimum.accumulate(rolling_median(y, 5))
-    threshold = np.maximum(EPISODE_NOISE_K * _calm_noise(y), EPISODE_RELATIVE * np.abs(best))
+    """Stretches where a loss stands well above the best level it had reached, and that best level.
+
+    The best level is the running minimum of a trailing 9-step median (trailing, so that a falling loss
+    does not see its own future). An episode stands above it by more than EPISODE_RELATIVE of the level
+    and by more than noise alone reaches over the run: the expected maximum of n Gaussian draws,
+    sqrt(2 ln n) sigmas, plus EPISODE_NOISE_MARGIN, in units of the curve's typical point noise.
+    """
+    best = np.minimum.accumulate(trailing_median(y, 9))
+    typical = float(np.median(rolling_noise(y, 10))) if len(y) >= 12 else noise_scale(y)
+    k = EPISODE_NOISE_MARGIN + math.sqrt(2 * math.log(max(len(y), 2)))
+    threshold = np.maximum(k * typical, EPISODE_RELATIVE * np.abs(best))
     return runs_of(y - best > threshold), best
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MAD_TO_SIGMA = 1.4826
+MAX_PAIRWISE_POINTS = 1000
 
 
 def mad_scale(x: np.ndarray) -> float:
@@ -39,6 +40,18 @@ def rolling_median(x: np.ndarray, window: int) -> np.ndarray:
     out[half : n - half] = np.median(np.lib.stride_tricks.sliding_window_view(x, 2 * half + 1), axis=1)
     for i in [*range(half), *range(n - half, n)]:
         out[i] = np.median(x[max(0, i - half) : min(n, i + half + 1)])
+    return out
+
+
+def trailing_median(x: np.ndarray, window: int) -> np.ndarray:
+    """Median of each point and the window - 1 points before it (fewer at the start): no look-ahead."""
+    n = len(x)
+    out = np.empty(n)
+    head = min(n, window - 1)
+    for i in range(head):
+        out[i] = np.median(x[: i + 1])
+    if n >= window:
+        out[window - 1 :] = np.median(np.lib.stride_tricks.sliding_window_view(x, window), axis=1)
     return out
 
 
@@ -137,15 +150,21 @@ def change_point(x: np.ndarray, min_size: int = 3) -> ChangePoint | None:
     )
 
 
-def theil_sen(x: np.ndarray, y: np.ndarray, max_pairs: int = 200_000) -> float:
+def _thinned(*arrays: np.ndarray, limit: int = MAX_PAIRWISE_POINTS) -> tuple[np.ndarray, ...]:
+    """An even subsample of at most `limit` points: pairwise statistics grow as n squared."""
+    n = len(arrays[0])
+    if n <= limit:
+        return arrays
+    pick = np.linspace(0, n - 1, limit).astype(int)
+    return tuple(a[pick] for a in arrays)
+
+
+def theil_sen(x: np.ndarray, y: np.ndarray) -> float:
     """Median of pairwise slopes: a trend that a few outliers cannot bend."""
-    n = len(x)
-    if n < 2:
+    x, y = _thinned(x, y)
+    if len(x) < 2:
         return 0.0
-    i, j = np.triu_indices(n, k=1)
-    if len(i) > max_pairs:
-        pick = np.linspace(0, len(i) - 1, max_pairs).astype(int)
-        i, j = i[pick], j[pick]
+    i, j = np.triu_indices(len(x), k=1)
     dx = x[j] - x[i]
     keep = dx != 0
     return float(np.median((y[j] - y[i])[keep] / dx[keep])) if keep.any() else 0.0
@@ -153,8 +172,7 @@ def theil_sen(x: np.ndarray, y: np.ndarray, max_pairs: int = 200_000) -> float:
 
 def kendall_tau(y: np.ndarray) -> float:
     """Rank agreement of y with its order: +1 always rising, -1 always falling, ~0 no trend."""
-    if len(y) > 1000:  # the pairs grow as n squared; an even subsample keeps the trend
-        y = y[np.linspace(0, len(y) - 1, 1000).astype(int)]
+    (y,) = _thinned(y)
     n = len(y)
     if n < 2:
         return 0.0
