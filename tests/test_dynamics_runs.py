@@ -119,7 +119,7 @@ def test_detector_steps_are_shaded_on_the_step_plots():
     rects = [s for s in figs["throughput"].layout.shapes if s.type == "rect"]
     assert [(r.x0, r.x1) for r in rects] == [(39.5, 80.5)]
     oscillation = dict(figures(_analysis("lr_oscillation")))["training"]
-    assert len([s for s in oscillation.layout.shapes if s.type == "rect"]) == 8  # one per episode
+    assert len([s for s in oscillation.layout.shapes if s.type == "rect"]) == 3  # one per episode
 
 
 def test_report_explains_each_detector_finding():

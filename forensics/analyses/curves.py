@@ -69,6 +69,11 @@ def is_loss(metric: str) -> bool:
     return (name == "loss" or name.endswith("_loss")) and name not in ("entropy_loss", "kl_loss")
 
 
+def is_value_loss(metric: str) -> bool:
+    """A critic's value loss: noisy by nature (its targets move with the policy), not judged for bouncing."""
+    return metric.startswith("critic/") or metric_leaf(metric) in ("vf_loss", "value_loss")
+
+
 def is_grad_norm(metric: str) -> bool:
     return metric_leaf(metric).endswith("grad_norm")
 
@@ -267,6 +272,7 @@ def make_finding(
                 evidence.append(ev)
     mark = ctx.marks.get(first)
     order = (mark[2], mark[1], 0) if mark else (1 << 30, first, 0)
+    extra = {k: v.item() if isinstance(v, np.generic) else v for k, v in (fields or {}).items()}
     return Finding(
         rule=rule,
         cls=cls,
@@ -285,7 +291,7 @@ def make_finding(
             "detector": rule,
             **({"metric": curve.metric} if curve else {}),
             "steps": [first, last],
-            **(fields or {}),
+            **extra,
         },
         remediation=remediation,
         symptom_of=symptom_of,

@@ -29,6 +29,7 @@ from forensics.analyses.curves import (
     fmt,
     is_grad_norm,
     is_loss,
+    is_value_loss,
     is_watched_for_non_finite,
     make_finding,
     matching,
@@ -65,7 +66,8 @@ DIVERGENCE_MIN_STEPS = 5  # ...for this many steps in a row;
 DIVERGENCE_EXPLOSION_FACTOR = 2.0  # (a positive loss at three times its start is far above it, whatever its noise)
 DIVERGENCE_PROGRESS_FRACTION = 0.5  # or it climbs back, giving back half the progress, to the end
 EPISODE_SKIP = 2  # the first steps of a run are not judged (initial loss, first updates)
-EPISODE_NOISE_MARGIN = 2.0  # an episode stands this many noise units above noise's own maximum...
+EPISODE_HORIZON = 30  # steps over which the best level is remembered
+EPISODE_NOISE_MARGIN = 1.0  # an episode stands this many noise units above noise's own maximum...
 EPISODE_RELATIVE = 0.08  # ...and 8% above the best level so far
 OSCILLATION_MIN_EPISODES = 3  # bouncing back up three times or more is an oscillation
 REGRESSION_MIN_STEPS = 5  # one long climb back up is a regression
@@ -241,17 +243,22 @@ def detect_divergence(ctx: Context) -> list[Finding]:
 
 
 def _episodes(y: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
-    """Stretches where a loss stands well above the best level it had reached, and that best level.
+    """Stretches where a loss stands well above the best level it had lately reached, and that level.
 
-    The best level is the running minimum of a trailing 9-step median (trailing, so that a falling loss
-    does not see its own future). An episode stands above it by more than EPISODE_RELATIVE of the level
-    and by more than noise alone reaches over the run: the expected maximum of n Gaussian draws,
-    sqrt(2 ln n) sigmas, plus EPISODE_NOISE_MARGIN, in units of the curve's typical point noise.
+    The level is the lowest trailing 9-step median of the last EPISODE_HORIZON steps (trailing, so that a
+    falling loss does not see its own future; a horizon, so that a long noisy run does not drift to its
+    luckiest dip). An episode stands above it by EPISODE_RELATIVE of the level and by more than noise alone
+    reaches over the run, (EPISODE_NOISE_MARGIN + sqrt(2 ln n)) sigmas, where sigma is how far the loss
+    dips *below* its trend: upward bounces, the mark of overshooting updates, do not inflate it.
     """
-    best = np.minimum.accumulate(trailing_median(y, 9))
-    typical = float(np.median(rolling_noise(y, 10))) if len(y) >= 12 else noise_scale(y)
+    trail = trailing_median(y, 9)
+    windows = np.lib.stride_tricks.sliding_window_view(
+        np.r_[np.full(EPISODE_HORIZON - 1, np.inf), trail], EPISODE_HORIZON
+    )
+    best = windows.min(axis=1)
+    below = -float(np.percentile(y - rolling_median(y, 9), 15.87))  # one sigma below the trend
     k = EPISODE_NOISE_MARGIN + math.sqrt(2 * math.log(max(len(y), 2)))
-    threshold = np.maximum(k * typical, EPISODE_RELATIVE * np.abs(best))
+    threshold = np.maximum(k * max(below, 0.0), EPISODE_RELATIVE * np.abs(best))
     return runs_of(y - best > threshold), best
 
 
@@ -261,7 +268,7 @@ def detect_loss_instability(ctx: Context) -> list[Finding]:
     out = []
     for curve in matching(ctx, is_loss):
         finite = curve.finite()
-        if curve.metric in diverged or len(finite) < MIN_POINTS + EPISODE_SKIP:
+        if curve.metric in diverged or is_value_loss(curve.metric) or len(finite) < MIN_POINTS + EPISODE_SKIP:
             continue
         judged = Curve(curve.metric, finite.steps[EPISODE_SKIP:], finite.values[EPISODE_SKIP:])
         y = judged.values
@@ -271,7 +278,8 @@ def detect_loss_instability(ctx: Context) -> list[Finding]:
         length = sum(b - a + 1 for a, b in episodes)
         if len(episodes) < OSCILLATION_MIN_EPISODES and length < REGRESSION_MIN_STEPS:
             continue
-        worst = max(range(len(y)), key=lambda i: (y[i] - best[i]) / abs(best[i]) if best[i] else 0.0)
+        inside = [i for a, b in episodes for i in range(a, b + 1)]
+        worst = max(inside, key=lambda i: (y[i] - best[i]) / abs(best[i]) if best[i] else 0.0)
         rise = (y[worst] - best[worst]) / abs(best[worst]) if best[worst] else float("inf")
         first, last = int(judged.steps[episodes[0][0]]), int(judged.steps[episodes[-1][1]])
         spans = [[int(judged.steps[a]), int(judged.steps[b])] for a, b in episodes]
