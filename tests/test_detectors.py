@@ -249,3 +249,32 @@ def test_no_stall_when_steps_run_to_the_end_of_the_log():
     rows.append(("driver.log", 500, start + timedelta(seconds=30 * 21)))
     found = detect(_series({"timing_s/step": np.full(20, 30.0)}), _stamped(rows), _marks(20), {"driver.log": 0})
     assert found == []
+
+
+def test_loss_that_keeps_jumping_back_up_oscillates():
+    curves = _healthy_lm(14)
+    for step in range(30, 55, 5):  # the loss shoots up by ~40% every 5 steps, then comes back
+        curves["actor/pg_loss"][step - 1] *= 1.4
+    (osc,) = _run(curves)
+    assert (osc.rule, osc.severity, osc.step, osc.fields["episodes"]) == ("loss-oscillation", "warning", 30, 5)
+    assert osc.fields["spans"] == [[s, s] for s in range(30, 55, 5)]
+
+
+def test_loss_that_climbs_back_for_a_while_is_a_regression():
+    curves = _healthy_lm(15)
+    curves["actor/pg_loss"][39:49] += 1.2  # ten steps about 80% above the level it had reached
+    (reg,) = _run(curves)
+    assert (reg.rule, reg.step, reg.fields["steps"]) == ("loss-regression", 40, [40, 49])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_noisy_but_healthy_losses_do_not_oscillate(seed):
+    rng = np.random.default_rng(seed)
+    n = 3000
+    steps = np.arange(n)
+    curves = {
+        "train/loss": 1.5 + 3 * np.exp(-steps / 500) + rng.normal(0, 0.15, n),  # small-batch SFT: 5-10% noise
+        "critic/vf_loss": 0.5 * rng.lognormal(0, 0.3, n),  # a critic's loss: multiplicative noise
+    }
+    series = _series(curves)
+    assert detect(series, empty_events(), _marks(n), {"driver.log": 0}) == []
