@@ -25,7 +25,7 @@ MEMORY_FAIL = 0.95
 NCCL_LATENCY_MS = 50.0
 THROUGHPUT_CV = 0.15
 NORMAL_P10_P90 = 2.5631  # P90 - P10 of a normal distribution, in sigmas
-MIN_DRIVER = {11: (450, 80, 2), 12: (525, 60, 11), 13: (580, 65, 6)}  # Linux driver for each CUDA major
+MIN_DRIVER = {11: "450.80.02", 12: "525.60.11", 13: "580.65.06"}  # the oldest Linux driver for each CUDA major
 NO_BF16_GPUS = re.compile(r"V100|T4\b|P100|P40|P4\b|K80|M60|RTX 20\d\d|GTX|Quadro RTX", re.IGNORECASE)
 FP32 = {"fp32", "float32", "float", "torch.float32"}
 HALF = {"fp16", "float16", "half", "torch.float16"}
@@ -267,8 +267,8 @@ def check_driver(inp: Inputs) -> dict[str, Any]:
         return _item(name, "unknown", "–", "no nvidia-smi -q, collect_env or dcgm-exporter output in the run folder")
     cuda_major = (_version(inp.environment.get("torch_cuda_version")) or (12,))[0]
     need = MIN_DRIVER.get(cuda_major, MIN_DRIVER[12])
-    ok = _version(driver) >= need
-    detail = f"CUDA {cuda_major} needs {'.'.join(map(str, need))} or newer"
+    ok = _version(driver) >= _version(need)
+    detail = f"CUDA {cuda_major} needs {need} or newer"
     return _item(name, "pass" if ok else "fail", driver, detail)
 
 
