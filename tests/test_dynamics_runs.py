@@ -102,6 +102,7 @@ def test_leak_report_names_the_step_the_oom_was_heading_for():
     assert rc.fields["precursor"] == "memory-growth"
     assert "6 GiB per step" in rc.explanation and "out-of-memory failure at step 24" in rc.explanation
     assert "GPU 1 peaked" in rc.explanation
+    assert rc.remediation[0].startswith("Look for tensors kept across steps")
     html = render_html(a)
     assert "heading for an out-of-memory failure at step 24" in html
 

@@ -218,12 +218,14 @@ def _precursors(root: Finding, findings: list[Finding]) -> list[str]:
     """Warnings that were heading for the root's failure (memory growing towards an OOM) tell how it came.
 
     A detector marks such a finding with `fields["leads_to"]` = the class it leads to; its projection
-    (e.g. `projected_step`) is copied onto the root so the verdict names the step it was heading for.
+    (e.g. `projected_step`) is copied onto the root so the verdict names the step it was heading for, and
+    its first remediation (find the leak) comes before the root's own (smaller batches would only delay it).
     """
     notes = []
     for f in findings:
         if f is not root and f.fields.get("leads_to") == root.cls:
             notes.append(f.explanation)
+            root.remediation = [*f.remediation[:1], *(r for r in root.remediation if r not in f.remediation)]
             root.fields.setdefault("precursor", f.rule)
             for key in ("projected_step", "growth_gib_per_step", "capacity_gib"):
                 if key in f.fields:
