@@ -16,6 +16,7 @@ from forensics.analyses.detectors import add_detector_findings, detect
 from forensics.analyses.diagnosis import build_findings, diagnose
 from forensics.analyses.enrich import enrich
 from forensics.analyses.flight_recorder import flight_recorder_findings
+from forensics.analyses.ray_cluster import ray_report
 from forensics.model import Analysis, FileReport, empty_events, empty_series
 from forensics.resources import patterns_dir
 from forensics.rules import Rule, load_rules
@@ -105,6 +106,7 @@ def analyze(
     findings += flight_recorder_findings(extras.get("flight_recorder", []))
     findings = add_detector_findings(findings, detect(series, events, marks, file_order, environment, config, warnings))
     verdict = diagnose(events, findings, marks)
+    ray = ray_report(events, verdict)
     timings["diagnose"] = time.perf_counter() - t2
     timings["total"] = time.perf_counter() - t0
     return Analysis(
@@ -121,4 +123,5 @@ def analyze(
         warnings=warnings,
         timings=timings,
         extras=extras,
+        ray=ray,
     )

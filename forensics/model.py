@@ -199,6 +199,7 @@ class Analysis:
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     extras: dict[str, list[Any]] = field(default_factory=dict)  # per-kind structured results of file readers
+    ray: dict[str, Any] = field(default_factory=dict)  # Ray nodes and actors, who died why (analyses/ray_cluster.py)
 
 
 def iso(ts: datetime | None) -> str | None:

@@ -1,8 +1,14 @@
-"""Complete the events table: ranks from the pid→rank map, times inferred from neighbours."""
+"""Complete the events table: ranks from the pid→rank map, times inferred from neighbours.
+
+Ray runs add a map of nodes, workers and actors (analyses/ray_cluster.py): role, node and verl rank by
+pid and by the ids Ray's messages name, and times for the driver's echoes of cluster events.
+"""
 
 from __future__ import annotations
 
 import polars as pl
+
+from forensics.analyses.ray_cluster import align_echo_times, attribute_events, build_cluster
 
 
 def pid_rank_map(events: pl.DataFrame) -> pl.DataFrame:
@@ -52,4 +58,6 @@ def infer_times(events: pl.DataFrame) -> pl.DataFrame:
 
 
 def enrich(events: pl.DataFrame) -> pl.DataFrame:
-    return infer_times(fill_ranks(events))
+    cluster = build_cluster(events)
+    events = infer_times(fill_ranks(attribute_events(events, cluster)))
+    return align_echo_times(events, cluster)

@@ -91,6 +91,8 @@ def to_json_dict(a: Analysis, redact_secrets: bool = True) -> dict[str, Any]:
         "environment": a.environment,
         "warnings": a.warnings,
     }
+    if a.ray:
+        doc["ray"] = a.ray
     return _redact_tree(doc) if redact_secrets else doc
 
 

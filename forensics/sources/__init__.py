@@ -16,6 +16,8 @@ from forensics.sources import (
     nccl,
     nvidia_smi,
     nvidia_smi_q,
+    ray_events,
+    ray_session,
     torch_distributed,
     torchrun,
     traceback,
@@ -26,6 +28,7 @@ from forensics.sources.base import FileSource, LineExtractor
 
 MODULES: list[ModuleType] = [verl, traceback, torchrun, torch_distributed, nccl, nvidia_smi, flight_recorder]
 MODULES += [hydra_config, collect_env, nvidia_smi_q, dcgm, versions]
+MODULES += [ray_session, ray_events]  # Ray's own logs: session folders and events/*.log
 
 
 def line_extractors() -> list[LineExtractor]:
