@@ -633,8 +633,8 @@ def _actor_story(root: Finding, actor: Actor) -> str:
         if f.get("threshold"):
             text += f", above the kill threshold of {f['threshold']} (RAY_memory_usage_threshold)"
         return text + "."
-    if not actor.deaths:
-        return f"The failure was in {_actor_words(actor)} on node {ip}."
+    if not [d for d in actor.deaths if not d.teardown]:
+        return f"It was raised in {_actor_words(actor)} on node {ip}."
     real = [d for d in actor.deaths if not d.teardown] or actor.deaths
     first = min(real, key=_death_key)
     telling = min(real, key=lambda d: (d.weight, *_death_key(d)))
