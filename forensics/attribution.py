@@ -33,8 +33,9 @@ ISO_TS = re.compile(
 MONTHDAY_TS = re.compile(r"\b(?P<mo>\d\d)-(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,](?P<frac>\d{1,9}))?")
 
 TORCHRUN_FILE = re.compile(r"(?:^|/)attempt_\d+/(?P<rank>\d+)/(?:stdout|stderr|error)\.(?:log|json)$")
-RAY_WORKER_FILE = re.compile(
-    r"(?:^|/)(?:worker|python-core-worker|python-core-driver)-[0-9a-f]+(?:-[0-9a-f]+)?[-_](?P<pid>\d+)\.(?:out|err|log)$"
+RAY_WORKER_FILE = re.compile(  # rotated copies too: `.1` after the name (older Ray) or after the extension
+    r"(?:^|/)(?:worker|python-core-worker|python-core-driver)-[0-9a-f]+(?:-[0-9a-f]+)?[-_](?P<pid>\d+)"
+    r"(?:\.\d+)?\.(?:out|err|log)(?:\.\d+)?$"
 )
 NCCL_DEBUG_FILE = re.compile(r"\.(?P<host>[\w-]+)\.(?P<pid>\d+)(?:\.log)?$")
 

@@ -35,6 +35,8 @@ COMPONENT_FILE = re.compile(
 )
 SUBDIRS = {"events", "old", "export_events"}
 EVENTS_FILE = r"(?:^|/)events/event_[^/]+$"  # Ray's structured events: stamped to the second only
+WRITER_ROLES = (None, "raylet", "gcs_server", "autoscaler")
+SUBJECT_IP_KINDS = ("ray_actor_died", "ray_actor_death_cause", "ray_oom_kill", "ray_task_failed", "ray_worker_died")
 IDENTITY_KINDS = ("ray_node_registered", "ray_raylet_started", "ray_core_worker_init")
 ECHO_DELAY = timedelta(milliseconds=1)
 NODE_DEATH_KINDS = {
@@ -232,6 +234,9 @@ def _learn_actors(cluster: RayCluster, facts: list[Fact]) -> None:
             actor.pid = actor.pid or f.pid
         actor.name = actor.name or f.get("actor_name")
         actor.cls = actor.cls or f.get("actor_class")
+        if f.kind in SUBJECT_IP_KINDS:  # these name the actor's own node
+            actor.ip = actor.ip or f.get("node_ip")
+            actor.node_id = actor.node_id or f.get("node_id")
     for actor in cluster.actors.values():
         if actor.worker_id:
             actor.pid = actor.pid or cluster.worker_pid.get(actor.worker_id)
@@ -239,7 +244,7 @@ def _learn_actors(cluster: RayCluster, facts: list[Fact]) -> None:
         if actor.pid is not None and not actor.worker_id:
             actor.worker_id = next((w for w, p in cluster.worker_pid.items() if p == actor.pid), None)
             actor.node_id = actor.node_id or cluster.worker_node.get(actor.worker_id or "")
-        actor.ip = cluster.node_ip(actor.node_id)
+        actor.ip = cluster.node_ip(actor.node_id) or actor.ip
     for f in facts:  # facts that know a pid but no actor id: worker files, the driver's echoes
         if f.pid is None or not (f.get("actor_class") or f.get("actor_name")):
             continue
@@ -292,7 +297,7 @@ def _actor_death(f: Fact) -> tuple[str, int]:
     if exit_type == "USER_ERROR":
         return "an exception in the actor", 1
     if f.kind == "ray_actor_owner_died":
-        return "torn down: its owner (the driver or the actor that created it) had exited", TEARDOWN_WEIGHT
+        return "stopped when its owner (the driver or the actor that created it) exited", TEARDOWN_WEIGHT
     if f.kind == "ray_actor_failed":
         context = f.get("death_context")
         if context == "ActorDiedErrorContext":
@@ -390,13 +395,16 @@ def _subject_updates(events: pl.DataFrame, cluster: RayCluster) -> pl.DataFrame:
         host = host or cluster.node_ip(node_id)
         if pid is None and fields.get("worker_id"):
             pid = cluster.worker_pid.get(fields["worker_id"])
-        actor = cluster.actors.get(fields.get("actor_id") or "")
+        about_node = fields.get("subject") == "node"
+        actor = None if about_node else cluster.actors.get(fields.get("actor_id") or "")
         if actor is not None:  # the actor the message names is its subject
             pid = actor.pid if actor.pid is not None else pid
             role = actor.cls or role
-        actor = actor or cluster.actor_by_pid(pid, host)
+        actor = actor or (None if about_node else cluster.actor_by_pid(pid, host))
         if actor is not None and pid is None:
             pid = actor.pid
+        if actor is not None and role in WRITER_ROLES:
+            role = actor.cls or role  # a `(raylet)` re-print about a worker is about that worker
         rank = actor.rank if actor else None
         node = cluster.nodes.get(node_id or "")
         changed = False

@@ -98,7 +98,7 @@ NODE_MEMORY = re.compile(
     r"(?: where the (?:task|lease) \((?:task|lease) ID: (?P<task_id>[0-9a-f]+), name=(?P<task>[^,]+), "
     r"pid=(?P<pid>\d+), memory used=(?P<wmem>[\d.]+)GB\) was running)?"
     r" was (?P<used>[\d.]+)GB (?:used )?/ (?P<total>[\d.]+)GB (?:limit )?\((?P<frac>[\d.]+)\)"
-    r"(?:, which exceeds the memory usage threshold of (?P<thr>[\d.]+))?"
+    r"(?:, which exceeds the memory usage threshold of (?P<thr>\d+(?:\.\d+)?))?"
 )
 GEN_A_VICTIM = re.compile(r"Ray killed this worker \(ID: (?P<wid>[0-9a-f]+)\)")
 OOM_REASON = re.compile(
@@ -237,6 +237,15 @@ def set_subject(rec: LineRecord, pid: int | None = None, ip: str | None = None, 
         ctx.host = ip
     if role:
         ctx.role = role
+
+
+def set_node_subject(rec: LineRecord, ip: str | None, role: str | None) -> None:
+    """A line that an actor died *because its node died* is evidence about the node, not about the actor's rank."""
+    ctx = rec.hit.ctx
+    ctx.pid, ctx.rank = None, None
+    ctx.host = ip or ctx.host
+    ctx.role = role or ctx.role
+    rec.fields["subject"] = "node"
 
 
 # --- the memory monitor --------------------------------------------------------------------------------
@@ -544,7 +553,10 @@ def _handle_actor_died(rec: LineRecord, sink: Sink) -> None:
     found = parse_actor_block(block)
     pid = found.pop("pid", None)
     _record(rec, "ray_actor_died" if head else "ray_actor_death_cause", "error", **found)
-    set_subject(rec, pid, found.get("node_ip"), found.get("actor_class"))
+    if not head and NODE_DIED_CAUSE.search(body):
+        set_node_subject(rec, found.get("node_ip"), found.get("actor_class"))
+    else:
+        set_subject(rec, pid, found.get("node_ip"), found.get("actor_class"))
 
 
 def _handle_actor_unavailable(rec: LineRecord, sink: Sink) -> None:
@@ -653,6 +665,9 @@ def _handle_task_failed(rec: LineRecord, sink: Sink) -> None:
         if head and rec.hit.ctx.ts is None:
             rec.hit.ctx.ts = _cxx_time(head["ts"])
             rec.level = CXX_LEVEL[head["lvl"]]
+        if NODE_DIED_CAUSE.search(body):
+            set_node_subject(rec, extra["node_ip"], extra["actor_class"])
+            return
     set_subject(rec, pid, extra["node_ip"], extra["actor_class"])
 
 
