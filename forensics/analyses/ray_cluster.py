@@ -19,7 +19,6 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from pathlib import PurePosixPath
 from typing import Any
 
 import polars as pl
@@ -137,15 +136,30 @@ class RayCluster:
     worker_node: dict[str, str] = field(default_factory=dict)
     dir_node: dict[str, str] = field(default_factory=dict)
     entity_death: dict[str, datetime] = field(default_factory=dict)  # id → latest precise death-related time
+    _by_pid: dict[int, list[Actor]] = field(default_factory=lambda: defaultdict(list), repr=False)
+    _by_worker: dict[str, Actor] = field(default_factory=dict, repr=False)
 
     def node_ip(self, node_id: str | None) -> str | None:
         node = self.nodes.get(node_id or "")
         return node.ip if node else None
 
+    def index(self) -> None:
+        """Look-ups by pid and worker id; call again after actors change."""
+        self._by_pid, self._by_worker = defaultdict(list), {}
+        for actor in self.actors.values():
+            self.add_to_index(actor)
+
+    def add_to_index(self, actor: Actor) -> None:
+        if actor.pid is not None:
+            self._by_pid[actor.pid].append(actor)
+        if actor.worker_id:
+            self._by_worker.setdefault(actor.worker_id, actor)
+
     def actor_by_pid(self, pid: int | None, ip: str | None) -> Actor | None:
+        """The actor a pid ran; with several nodes reusing a pid (containers), the one on `ip`."""
         if pid is None:
             return None
-        same_pid = [a for a in self.actors.values() if a.pid == pid]
+        same_pid = self._by_pid.get(pid, [])
         exact = [a for a in same_pid if ip and a.ip == ip]
         if exact:
             return exact[0]
@@ -156,10 +170,8 @@ class RayCluster:
         if aid and aid in self.actors:
             return self.actors[aid]
         wid = fact.get("worker_id")
-        if wid:
-            for actor in self.actors.values():
-                if actor.worker_id == wid:
-                    return actor
+        if wid and wid in self._by_worker:
+            return self._by_worker[wid]
         return self.actor_by_pid(fact.pid, fact.host)
 
     def is_empty(self) -> bool:
@@ -168,22 +180,37 @@ class RayCluster:
 
 def logs_dir(path: str) -> str:
     """The session's logs folder a file belongs to (files in events/ and old/ belong to the folder above)."""
-    parent = PurePosixPath(path).parent
-    return str(parent.parent if parent.name in SUBDIRS else parent)
+    parent = path.rsplit("/", 1)[0] if "/" in path else ""
+    head, _, name = parent.rpartition("/")
+    return head if name in SUBDIRS else parent
+
+
+def logs_dir_expr(column: str = "file") -> pl.Expr:
+    """`logs_dir` for a whole column, in Rust."""
+    parent = pl.col(column).str.replace(r"^[^/]*$", "").str.replace(r"/[^/]*$", "")
+    return parent.str.replace(r"(?:^|/)(?:events|old|export_events)$", "")
 
 
 def _facts(events: pl.DataFrame) -> list[Fact]:
-    rows = events.filter(pl.col("source") == SOURCE).select(
-        "kind", "file", "line", "ts", "ts_inferred", "host", "pid", "fields"
+    """The Ray rows, repeats of one fact in one session folder read once (a raylet re-logging a worker start)."""
+    rows = (
+        events.filter(pl.col("source") == SOURCE)
+        .select("kind", "file", "line", "ts", "ts_inferred", "host", "pid", "fields", logs_dir_expr().alias("_dir"))
+        .with_columns(pl.col("file").str.contains(EVENTS_FILE).alias("_coarse"))
     )
+    identity = rows.filter(~pl.col("kind").is_in(list(ACTOR_DEATH_KINDS | NODE_DEATH_KINDS)))
+    identity = identity.unique(["kind", "_dir", "host", "pid", "fields"], keep="first", maintain_order=True)
+    deaths = rows.filter(pl.col("kind").is_in(list(ACTOR_DEATH_KINDS | NODE_DEATH_KINDS)))
     out = []
-    for kind, file, line, ts, inferred, host, pid, raw in rows.iter_rows():
+    columns = ("kind", "file", "line", "ts", "ts_inferred", "host", "pid", "fields", "_coarse")
+    for kind, file, line, ts, inferred, host, pid, raw, coarse in (
+        pl.concat([identity, deaths]).select(columns).iter_rows()
+    ):
         try:
             fields = json.loads(raw or "{}")
         except ValueError:
             fields = {}
-        precise = ts is not None and not inferred and not re.search(EVENTS_FILE, file)
-        out.append(Fact(kind, file, line or 0, ts, precise, host, pid, fields))
+        out.append(Fact(kind, file, line or 0, ts, ts is not None and not inferred and not coarse, host, pid, fields))
     return out
 
 
@@ -198,7 +225,7 @@ def _learn_nodes(cluster: RayCluster, facts: list[Fact]) -> None:
                 node.ip = ip
         if f.kind in ("ray_raylet_started", "ray_core_worker_init") and node_id:
             votes[logs_dir(f.file)][node_id] += 10 if f.kind == "ray_raylet_started" else 1
-        if PurePosixPath(f.file).name.startswith("gcs_server"):
+        if f.file.rsplit("/", 1)[-1].startswith("gcs_server"):
             gcs_dirs.add(logs_dir(f.file))
     cluster.dir_node = {d: c.most_common(1)[0][0] for d, c in votes.items()}
     for d in gcs_dirs:
@@ -245,6 +272,7 @@ def _learn_actors(cluster: RayCluster, facts: list[Fact]) -> None:
             actor.worker_id = next((w for w, p in cluster.worker_pid.items() if p == actor.pid), None)
             actor.node_id = actor.node_id or cluster.worker_node.get(actor.worker_id or "")
         actor.ip = cluster.node_ip(actor.node_id) or actor.ip
+    cluster.index()
     for f in facts:  # facts that know a pid but no actor id: worker files, the driver's echoes
         if f.pid is None or not (f.get("actor_class") or f.get("actor_name")):
             continue
@@ -254,6 +282,7 @@ def _learn_actors(cluster: RayCluster, facts: list[Fact]) -> None:
             actor = _actor(cluster, f"pid:{ip}:{f.pid}")
             actor.pid, actor.ip, actor.worker_id = f.pid, ip, f.get("worker_id")
             actor.node_id = cluster.worker_node.get(actor.worker_id or "")
+            cluster.add_to_index(actor)
         if actor is not None:
             actor.cls = actor.cls or f.get("actor_class")
             actor.name = actor.name or f.get("actor_name")
@@ -263,6 +292,7 @@ def _learn_actors(cluster: RayCluster, facts: list[Fact]) -> None:
             m = VERL_ACTOR_NAME.match(actor.name)
             actor.cls = m["group"] if m else actor.name
     _verl_ranks(cluster)
+    cluster.index()
 
 
 def _verl_ranks(cluster: RayCluster) -> None:
@@ -385,43 +415,48 @@ def build_cluster(events: pl.DataFrame) -> RayCluster:
 # --- attributing events ---------------------------------------------------------------------------------
 
 
+def _subject(cluster: RayCluster, host: str | None, pid: int | None, role: str | None, raw: str) -> tuple:
+    """(host, pid, role, rank, new fields or None) of one Ray event, from the ids it names."""
+    fields = json.loads(raw or "{}")
+    node_id = fields.get("node_id") or cluster.worker_node.get(fields.get("worker_id") or "")
+    host = host or cluster.node_ip(node_id)
+    if pid is None and fields.get("worker_id"):
+        pid = cluster.worker_pid.get(fields["worker_id"])
+    about_node = fields.get("subject") == "node"
+    actor = None if about_node else cluster.actors.get(fields.get("actor_id") or "")
+    if actor is not None:  # the actor the message names is its subject
+        pid = actor.pid if actor.pid is not None else pid
+        role = actor.cls or role
+    actor = actor or (None if about_node else cluster.actor_by_pid(pid, host))
+    if actor is not None and pid is None:
+        pid = actor.pid
+    if actor is not None and role in WRITER_ROLES:
+        role = actor.cls or role  # a `(raylet)` re-print about a worker is about that worker
+    node = cluster.nodes.get(node_id or "")
+    new_fields = None
+    if actor is None and node is not None and node.deaths and not fields.get("actors_lost"):
+        lost = [a for a in cluster.actors.values() if a.node_id == node.node_id]
+        if lost:
+            fields["actors_lost"] = sorted(_actor_label(a) for a in lost)
+            role = role if role and role not in ("raylet", "gcs_server") else _roles(lost)
+            new_fields = json.dumps(fields, default=str)
+    return host, pid, role or (actor.cls if actor else None), actor.rank if actor else None, new_fields
+
+
 def _subject_updates(events: pl.DataFrame, cluster: RayCluster) -> pl.DataFrame:
-    """Host, pid, role and rank of Ray events from the ids they name."""
-    rows = events.with_row_index("_idx").filter(pl.col("source") == SOURCE)
-    updates: dict[str, list[Any]] = {k: [] for k in ("_idx", "host", "pid", "role", "rank", "fields")}
-    for idx, host, pid, role, raw in rows.select("_idx", "host", "pid", "role", "fields").iter_rows():
-        fields = json.loads(raw or "{}")
-        node_id = fields.get("node_id") or cluster.worker_node.get(fields.get("worker_id") or "")
-        host = host or cluster.node_ip(node_id)
-        if pid is None and fields.get("worker_id"):
-            pid = cluster.worker_pid.get(fields["worker_id"])
-        about_node = fields.get("subject") == "node"
-        actor = None if about_node else cluster.actors.get(fields.get("actor_id") or "")
-        if actor is not None:  # the actor the message names is its subject
-            pid = actor.pid if actor.pid is not None else pid
-            role = actor.cls or role
-        actor = actor or (None if about_node else cluster.actor_by_pid(pid, host))
-        if actor is not None and pid is None:
-            pid = actor.pid
-        if actor is not None and role in WRITER_ROLES:
-            role = actor.cls or role  # a `(raylet)` re-print about a worker is about that worker
-        rank = actor.rank if actor else None
-        node = cluster.nodes.get(node_id or "")
-        changed = False
-        if actor is None and node is not None and node.deaths and not fields.get("actors_lost"):
-            lost = [a for a in cluster.actors.values() if a.node_id == node.node_id]
-            if lost:
-                fields["actors_lost"] = sorted(_actor_label(a) for a in lost)
-                role = role if role and role not in ("raylet", "gcs_server") else _roles(lost)
-                changed = True
-        updates["_idx"].append(idx)
-        updates["host"].append(host)
-        updates["pid"].append(pid)
-        updates["role"].append(role or (actor.cls if actor else None))
-        updates["rank"].append(rank)
-        updates["fields"].append(json.dumps(fields, default=str) if changed else None)
-    schema = {"_idx": pl.UInt32, "host": pl.String, "pid": pl.Int64, "role": pl.String, "rank": pl.Int64}
-    return pl.DataFrame(updates, schema={**schema, "fields": pl.String})
+    """Host, pid, role and rank of Ray events from the ids they name, worked out once per distinct row."""
+    keys = ["host", "pid", "role", "fields"]
+    distinct = events.filter(pl.col("source") == SOURCE).select(keys).unique()
+    solved = [(*key, *_subject(cluster, *key)) for key in distinct.iter_rows()]
+    schema = {
+        **{k: events.schema[k] for k in keys},
+        "_host": pl.String,
+        "_pid": pl.Int64,
+        "_role": pl.String,
+        "_rank": pl.Int64,
+        "_fields": pl.String,
+    }
+    return pl.DataFrame(solved, schema=schema, orient="row")
 
 
 def _actor_label(actor: Actor) -> str:
@@ -445,16 +480,26 @@ def attribute_events(events: pl.DataFrame, cluster: RayCluster) -> pl.DataFrame:
     """Fill host, pid, role and rank of every event from the cluster map (never overwriting what a line said)."""
     if cluster.is_empty() or events.is_empty():
         return events
-    updates = _subject_updates(events, cluster)
-    events = events.with_row_index("_idx")
-    if updates.height:
-        events = events.update(updates, on="_idx", how="left")
+    keys = ["host", "pid", "role", "fields"]
+    updates = _subject_updates(events, cluster).with_columns(pl.lit(SOURCE).alias("source"))
+    events = (
+        events.with_row_index("_idx")
+        .join(updates, on=[*keys, "source"], how="left", nulls_equal=True)
+        .with_columns(
+            pl.coalesce("_host", "host").alias("host"),
+            pl.coalesce("_pid", "pid").alias("pid"),
+            pl.coalesce("_role", "role").alias("role"),
+            pl.coalesce("rank", "_rank").alias("rank"),
+            pl.coalesce("_fields", "fields").alias("fields"),
+        )
+        .drop("_host", "_pid", "_role", "_rank", "_fields")
+    )
     dirs = pl.DataFrame(
         {"_dir": list(cluster.dir_node), "_dir_ip": [cluster.node_ip(n) for n in cluster.dir_node.values()]},
         schema={"_dir": pl.String, "_dir_ip": pl.String},
     )
     events = (
-        events.with_columns(pl.col("file").map_elements(logs_dir, return_dtype=pl.String).alias("_dir"))
+        events.with_columns(logs_dir_expr().alias("_dir"))
         .join(dirs, on="_dir", how="left")
         .with_columns(pl.coalesce("host", "_dir_ip").alias("host"))
     )
