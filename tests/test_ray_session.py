@@ -248,3 +248,15 @@ def test_files_in_events_and_old_belong_to_their_session():
     assert logs_dir("n1/session_x/logs/events/event_GCS.log") == "n1/session_x/logs"
     assert logs_dir("n1/session_x/logs/old/worker-a-b-1.out") == "n1/session_x/logs"
     assert logs_dir("n1/session_x/logs/raylet.out.1") == "n1/session_x/logs"
+
+
+@pytest.mark.parametrize(
+    ("case", "cls", "role", "rank", "host"),
+    [
+        ("009", "host_oom", "WorkerDict", 3, "10.20.49.141"),  # "where the task (actor ID: …" wording
+        ("007", "process_killed", "WorkerDict", 3, "10.29.214.5"),  # space-indented block, IP pasted as a link
+    ],
+)
+def test_public_issue_logs_name_the_ray_actor(corpus, case, cls, role, rank, host):
+    root = analyze([next((corpus / "cases").glob(f"{case}_*"))]).verdict.root_cause
+    assert (root.cls, root.role, root.rank, root.host) == (cls, role, rank, host)

@@ -95,7 +95,7 @@ OOM_HEAD = re.compile(
 )
 NODE_MEMORY = re.compile(
     r"Memory on the node \(IP: (?P<ip>[^,\s]+), ID: (?P<node>[0-9a-f]+)\)"
-    r"(?: where the (?:task|lease) \((?:task|lease) ID: (?P<task_id>[0-9a-f]+), name=(?P<task>[^,]+), "
+    r"(?: where the (?:task|lease) \((?P<id_kind>task|lease|actor) ID: (?P<task_id>[0-9a-f]+), name=(?P<task>[^,]+), "
     r"pid=(?P<pid>\d+), memory used=(?P<wmem>[\d.]+)GB\) was running)?"
     r" was (?P<used>[\d.]+)GB (?:used )?/ (?P<total>[\d.]+)GB (?:limit )?\((?P<frac>[\d.]+)\)"
     r"(?:, which exceeds the memory usage threshold of (?P<thr>\d+(?:\.\d+)?))?"
@@ -131,11 +131,13 @@ ACTOR_DEATH_CAUSE = re.compile(
     r"^The actor (?:is dead because its worker process has died|died because its node has died"
     r"|died because of an error raised in its creation task)"
 )
-BLOCK_FIELD = re.compile(r"^\t(?P<key>class_name|actor_id|pid|name|namespace|ip): (?P<value>\S+)\s*$")
+# tab-indented as Ray prints them; pasted into an issue, often space-indented and with the IP made a link
+BLOCK_FIELD = re.compile(r"^\s+(?P<key>class_name|actor_id|pid|name|namespace|ip): (?P<value>\S+)\s*$")
+IPV4 = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
 WORKER_PROCESS_DIED = re.compile(r"Worker exit type: (?P<type>\w+) Worker exit detail: (?P<detail>.*)$")
 NODE_DIED_CAUSE = re.compile(r"The actor died because its node has died\. Node Id: (?P<node>[0-9a-f]+)")
 NODE_TERMINATED_HOW = re.compile(
-    r"^\tthe actor's node was (?P<how>terminated (?:un)?expectedly|preempted): (?P<why>.*)$"
+    r"^\s+the actor's node was (?P<how>terminated (?:un)?expectedly|preempted): (?P<why>.*)$"
 )
 ACTOR_UNAVAILABLE = re.compile(r"ActorUnavailableError: The actor (?P<aid>[0-9a-f]+) is unavailable: (?P<why>.*)$")
 RAY_TASK_HEADER = re.compile(
@@ -263,7 +265,8 @@ def parse_oom_report(lines: Iterable[str]) -> dict[str, Any]:
             if m["thr"]:
                 found["threshold"] = float(m["thr"])
             if m["pid"]:
-                victims.append({"task": m["task"], "pid": int(m["pid"]), "used_gb": float(m["wmem"])})
+                victim = {"task": m["task"], "pid": int(m["pid"]), "used_gb": float(m["wmem"])}
+                victims.append(victim | ({"actor_id": m["task_id"]} if m["id_kind"] == "actor" else {}))
         m = OOM_REASON.search(text)
         if m and "threshold_bytes" not in found:
             found.update(usage_bytes=int(m["usage"]), threshold_bytes=int(m["thr"]), limit_bytes=int(m["limit"]))
@@ -529,7 +532,7 @@ def parse_actor_block(block: list[str]) -> dict[str, Any]:
         "actor_id": found.get("actor_id"),
         "actor_name": found.get("name"),
         "actor_class": actor_class(found.get("class_name")),
-        "node_ip": found.get("ip"),
+        "node_ip": _ip(found.get("ip")),
         "pid": int(found["pid"]) if found.get("pid", "").isdigit() else None,
     }
     out.update(
@@ -538,6 +541,11 @@ def parse_actor_block(block: list[str]) -> dict[str, Any]:
     if "death_message" in found:
         out["death_message"] = found["death_message"]
     return {k: v for k, v in out.items() if v is not None}
+
+
+def _ip(text: str | None) -> str | None:
+    m = IPV4.search(text or "")
+    return m.group(0) if m else text
 
 
 def _handle_actor_died(rec: LineRecord, sink: Sink) -> None:
