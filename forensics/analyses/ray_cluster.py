@@ -679,6 +679,8 @@ def _node_story(node: Node, cluster: RayCluster) -> str:
 def _actor_story(root: Finding, actor: Actor) -> str:
     ip = actor.ip or root.host or "?"
     f = root.fields
+    if root.cls == "host_oom" and root.explanation:  # the figures are told already: name the victim
+        return f"The worker it killed: {_actor_words(actor)} on node {ip}."
     if root.cls == "host_oom" and f.get("node_used_gb"):
         used = f", using {f['killed_used_gb']} GB" if f.get("killed_used_gb") else ""
         text = f"Ray's memory monitor on node {ip} killed {_actor_words(actor, used)} at {_short_time(root.ts)}"
