@@ -419,6 +419,11 @@ def _subject(cluster: RayCluster, host: str | None, pid: int | None, role: str |
     """(host, pid, role, rank, new fields or None) of one Ray event, from the ids it names."""
     fields = json.loads(raw or "{}")
     node_id = fields.get("node_id") or cluster.worker_node.get(fields.get("worker_id") or "")
+    changed = False
+    if not node_id and fields.get("quoted_worker_ids"):  # a dead raylet's last lines name its workers
+        node_id = next((cluster.worker_node[w] for w in fields["quoted_worker_ids"] if w in cluster.worker_node), None)
+        if node_id:
+            fields["node_id"], changed = node_id, True
     host = host or cluster.node_ip(node_id)
     if pid is None and fields.get("worker_id"):
         pid = cluster.worker_pid.get(fields["worker_id"])
@@ -433,13 +438,13 @@ def _subject(cluster: RayCluster, host: str | None, pid: int | None, role: str |
     if actor is not None and role in WRITER_ROLES:
         role = actor.cls or role  # a `(raylet)` re-print about a worker is about that worker
     node = cluster.nodes.get(node_id or "")
-    new_fields = None
     if actor is None and node is not None and node.deaths and not fields.get("actors_lost"):
         lost = [a for a in cluster.actors.values() if a.node_id == node.node_id]
         if lost:
             fields["actors_lost"] = sorted(_actor_label(a) for a in lost)
             role = role if role and role not in ("raylet", "gcs_server") else _roles(lost)
-            new_fields = json.dumps(fields, default=str)
+            changed = True
+    new_fields = json.dumps(fields, default=str) if changed else None
     return host, pid, role or (actor.cls if actor else None), actor.rank if actor else None, new_fields
 
 

@@ -27,6 +27,8 @@ from forensics.sources.traceback import TRIGGER as EXCEPTION_TRIGGER
 
 SOURCE = "ray"
 BLOCK_LINES = 60  # the longest block read after a record's first line (the memory monitor's report)
+QUOTED_RAYLET_LINES = 24  # "Last 20 lines of the Raylet logs", as the agents quote them
+QUOTED_WORKERS_KEPT = 4
 
 CXX_HEAD = re.compile(
     r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[,.]\d{3}) (?P<lvl>[TDIWEC]) (?P<pid>\d+) (?P<tid>\d+)\] "
@@ -451,15 +453,38 @@ def _handle_raylet_death(rec: LineRecord, sink: Sink) -> None:
         set_subject(rec, ip=m["ip"])
         return
     if RAYLET_TERMINATED.search(body):
-        _record(rec, "ray_raylet_died", "error")
+        _record(rec, "ray_raylet_died", "error", subject="node")
+        rec.hit.ctx.pid = None
         for line in rec.hit.preceding(2):
             by = RAYLET_TERMINATED_BY.search(line)
             if by:
                 rec.fields.update(node_id=by["node"], node_ip=by["ip"])
                 set_subject(rec, ip=by["ip"])
+        _read_quoted_raylet_log(rec)
         return
     if RAYLET_LOST.search(body):
         _record(rec, "ray_worker_raylet_lost", "error")
+
+
+def _read_quoted_raylet_log(rec: LineRecord) -> None:
+    """The dead raylet's last lines, quoted below the message, name its workers: the node can be found from them."""
+    workers: list[str] = []
+    last = None
+    for line in rec.hit.following(QUOTED_RAYLET_LINES):
+        quoted = strip_prefix(line).strip()
+        if not quoted.startswith("["):
+            if quoted:
+                break
+            continue
+        head = CXX_HEAD.match(quoted)
+        last = head["ts"] if head else last
+        m = WORKER_STARTED.search(quoted)
+        if m and m["wid"] not in workers:
+            workers.append(m["wid"])
+    if workers:
+        rec.fields["quoted_worker_ids"] = workers[:QUOTED_WORKERS_KEPT]
+    if last:
+        rec.fields["raylet_last_log"] = last
 
 
 def _handle_owner_died(rec: LineRecord, sink: Sink) -> None:
