@@ -64,6 +64,7 @@ ACTOR_DEATH_KINDS = {
     "ray_actor_owner_died",
 }
 
+# messages that repeat what the cluster logged elsewhere with a time (the GCS's own records are the source)
 ECHO_KINDS = (ACTOR_DEATH_KINDS | NODE_DEATH_KINDS) - {"ray_worker_exit", "ray_actor_failed", "ray_node_dead"} | {
     "ray_oom_summary",
     "ray_actor_unavailable",

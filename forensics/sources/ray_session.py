@@ -157,10 +157,6 @@ ACTOR_GONE = ("ActorDiedError", "RayActorError", "ActorUnavailableError", "Worke
 ERRORS_NAMING_AN_ACTOR = ("ACTOR_DIED", "OUT_OF_MEMORY", "ACTOR_UNAVAILABLE", "WORKER_DIED")
 
 
-def cxx_head(text: str) -> re.Match[str] | None:
-    return CXX_HEAD.match(text)
-
-
 def strip_prefix(line: str) -> str:
     """A neighbouring line as the scanner's `ctx.body` would read it: no ANSI colour, no Ray prefix."""
     text = ANSI.sub("", line).rstrip("\r\n")
