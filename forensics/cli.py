@@ -9,11 +9,17 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from forensics import __version__
 from forensics.analyze import Options, analyze
+from forensics.batch import ENGINES, BatchError, Settings, find_runs, run_batch
+from forensics.diff import compare
 from forensics.model import severity_rank
+from forensics.report.batch_terminal import print_batch_summary
+from forensics.report.diff_html import render_diff_html
+from forensics.report.diff_terminal import print_diff_summary
 from forensics.report.html import render_html
 from forensics.report.json_report import dumps, to_json_dict
 from forensics.report.markdown import render_markdown
@@ -136,6 +142,124 @@ def check_cmd(paths: tuple[Path, ...], as_json: bool) -> None:
         style = CHECK_STYLE.get(item["status"], "")
         table.add_row(item["name"], f"[{style}]{item['status']}[/]", escape(str(item["value"])), escape(item["detail"]))
     Console(highlight=False).print(table)
+
+
+@main.command("batch")
+@click.argument("paths", nargs=-1, required=True)
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for fleet.parquet, index.html and runs/ (one report per run).",
+)
+@click.option("--jobs", type=int, default=0, show_default="one per CPU", help="Runs analysed at once.")
+@click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True, help="Process pool or Ray.")
+@click.option("--address", help="Ray cluster address for --engine ray; without it a local Ray is started.")
+@click.option("--paths-are-runs", is_flag=True, help="Take each PATH as one run, never as a folder of runs.")
+@click.option("--force", is_flag=True, help="Analyse every run again, even those unchanged since the last batch.")
+@click.option(
+    "--patterns",
+    "pattern_dirs",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A folder of extra rules; overlays the bundled rules by id. Repeatable.",
+)
+@click.option("--no-redact", is_flag=True, help="Show secrets found in the logs instead of redacting them.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
+def batch_cmd(
+    paths: tuple[str, ...],
+    out_dir: Path,
+    jobs: int,
+    engine: str,
+    address: str | None,
+    paths_are_runs: bool,
+    force: bool,
+    pattern_dirs: tuple[Path, ...],
+    no_redact: bool,
+    quiet: bool,
+) -> None:
+    """Analyse many runs: run folders, folders of runs (each subfolder is a run), files, or quoted globs.
+
+    A folder that directly holds a file is one run; a folder that holds only folders holds runs, one per
+    subfolder. Runs whose files have not changed since the last batch into --out are not analysed again.
+    """
+    if address and engine != "ray":
+        raise click.UsageError("--address is for --engine ray")
+    try:
+        load_rules([patterns_dir(), *pattern_dirs])
+        specs = find_runs(paths, paths_are_runs, out_dir)
+    except RuleLoadError as exc:
+        raise click.ClickException(f"invalid rules:\n{exc}") from exc
+    except BatchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not specs:
+        raise click.ClickException("no run found under the given paths")
+    settings = Settings(tuple(str(p.resolve()) for p in pattern_dirs), redact=not no_redact)
+    console = Console(stderr=True, highlight=False)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=quiet or not console.is_terminal,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("analysing runs", total=len(specs))
+        try:
+            result = run_batch(
+                specs, out_dir, settings, engine, jobs, address, force, progress=lambda _: bar.advance(task)
+            )
+        except BatchError as exc:
+            raise click.ClickException(str(exc)) from exc
+    if not quiet:
+        print_batch_summary(result, Console(highlight=False))
+
+
+@main.command("diff")
+@click.argument("run_a", type=click.Path(exists=True, path_type=Path))
+@click.argument("run_b", type=click.Path(exists=True, path_type=Path))
+@click.option("--json", "json_out", metavar="FILE|-", help="Write the comparison as JSON (schema forensics.diff/v1).")
+@click.option("-o", "--output", metavar="FILE", help="HTML report path [default: ./<A>-vs-<B>.forensics-diff.html].")
+@click.option("--no-html", is_flag=True, help="Do not write the HTML report.")
+@click.option(
+    "--patterns",
+    "pattern_dirs",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A folder of extra rules; overlays the bundled rules by id. Repeatable.",
+)
+@click.option("--no-redact", is_flag=True, help="Show secrets found in the logs instead of redacting them.")
+@click.option("-q", "--quiet", is_flag=True, help="No terminal summary.")
+def diff_cmd(
+    run_a: Path,
+    run_b: Path,
+    json_out: str | None,
+    output: str | None,
+    no_html: bool,
+    pattern_dirs: tuple[Path, ...],
+    no_redact: bool,
+    quiet: bool,
+) -> None:
+    """Did a change fix the problem? Compare RUN_A (before) with RUN_B (after): numbers, metrics, failures, config."""
+    options = Options(patterns=list(pattern_dirs))
+    try:
+        a, b = analyze([run_a], options), analyze([run_b], options)
+    except RuleLoadError as exc:
+        raise click.ClickException(f"invalid rules:\n{exc}") from exc
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    doc = compare(a, b, redact_secrets=not no_redact)
+    inputs = [run_a, run_b]
+    report_path = None
+    if not no_html:
+        report_path = output or f"{a.run_name}-vs-{b.run_name}.forensics-diff.html"
+        _write(report_path, render_diff_html(a, b, doc), inputs)
+    if json_out:
+        _write(json_out, json.dumps(doc, indent=2, default=str) + "\n", inputs)
+    if not quiet:
+        print_diff_summary(doc, Console(stderr=json_out == "-", highlight=False), report_path)
 
 
 @main.group("patterns")
