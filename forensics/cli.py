@@ -192,9 +192,9 @@ def batch_cmd(
     except RuleLoadError as exc:
         raise click.ClickException(f"invalid rules:\n{exc}") from exc
     except BatchError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise click.UsageError(str(exc)) from exc
     if not specs:
-        raise click.ClickException("no run found under the given paths")
+        raise click.UsageError("no run found under the given paths")
     settings = Settings(tuple(str(p.resolve()) for p in pattern_dirs), redact=not no_redact)
     console = Console(stderr=True, highlight=False)
     with Progress(
@@ -212,7 +212,7 @@ def batch_cmd(
                 specs, out_dir, settings, engine, jobs, address, force, progress=lambda _: bar.advance(task)
             )
         except BatchError as exc:
-            raise click.ClickException(str(exc)) from exc
+            raise click.UsageError(str(exc)) from exc
     if not quiet:
         print_batch_summary(result, Console(highlight=False))
 

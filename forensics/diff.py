@@ -19,6 +19,7 @@ from forensics.report.json_report import _redact_tree
 
 SCHEMA = "forensics.diff/v1"
 MAX_POINTS = 60
+HOST_MEMORY_NOTABLE_PCT = 10.0
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def _number(value: float | None) -> float | str | None:
         return None
     if math.isnan(value) or math.isinf(value):
         return str(value)
-    return round(value, 6)
+    return float(f"{value:.6g}")  # six significant digits: enough to compare, short to read
 
 
 def per_step(series: pl.DataFrame, metric: str) -> pl.DataFrame:
@@ -276,15 +277,22 @@ def _failure_clause(a: dict[str, Any], b: dict[str, Any]) -> str:
     return f"still fails with {failure_name(ra['class'])} ({same})"
 
 
+def _in_verdict(name: str, pct: float, numbers: list[dict[str, Any]]) -> bool:
+    """Peak memory and throughput always (step time when there is no throughput); host memory when it moved."""
+    if name in ("peak_memory_gb", "throughput"):
+        return True
+    if name == "step_time_s":
+        return not any(n["name"] == "throughput" for n in numbers)
+    return abs(pct) >= HOST_MEMORY_NOTABLE_PCT
+
+
 def verdict_line(doc: dict[str, Any]) -> str:
     """`peak memory -38%, throughput +19%, the OOM is gone`: the numbers that moved, then the failure."""
     parts = []
-    names = {n["name"]: n for n in doc["numbers"]}
-    shown = ["peak_memory_gb", "throughput"] if "throughput" in names else ["peak_memory_gb", "step_time_s"]
-    for name in shown:
-        number = names.get(name)
-        if number and isinstance(number["change_pct"], float):
-            parts.append(f"{number['label']} {format_pct(number['change_pct'])}")
+    for number in doc["numbers"]:
+        pct = number["change_pct"]
+        if isinstance(pct, float) and _in_verdict(number["name"], pct, doc["numbers"]):
+            parts.append(f"{number['label']} {format_pct(pct)}")
     a, b = doc["a"], doc["b"]
     if a["steps"] != b["steps"] and (a["steps"] or b["steps"]):
         parts.append(f"B reached step {b['steps']} (A: {a['steps']})")
