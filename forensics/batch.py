@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from multiprocessing import get_context
 from pathlib import Path
@@ -172,7 +172,7 @@ def find_runs(paths: Iterable[str], paths_are_runs: bool = False, out: Path | No
     for given in paths:
         for path in _expand(given):
             resolved = path.resolve()
-            if path.is_file() or paths_are_runs or _holds_files(resolved):
+            if not resolved.is_dir() or paths_are_runs or _holds_files(resolved):
                 found.setdefault(resolved)
                 continue
             for child in sorted(resolved.iterdir()):
@@ -444,13 +444,17 @@ def run_batch(
     progress: Callable[[RunSpec], None] | None = None,
     title: str | None = None,
 ) -> BatchResult:
-    """Analyse every run that changed since the last batch in `out`, then write the fleet table and index.html."""
+    """Analyse every run that changed since the last batch in `out`, then write the fleet table and index.html.
+
+    With the local engine and more than one worker, runs are analysed in spawned processes: a script
+    calling this needs the `if __name__ == "__main__":` guard.
+    """
     if engine not in ENGINES:
         raise BatchError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
     t0 = time.perf_counter()
     settings = settings or Settings()
     workers = jobs or os.cpu_count() or 1
-    settings = Settings(settings.patterns, settings.redact, threads=max(1, (os.cpu_count() or 1) // workers))
+    settings = replace(settings, threads=max(1, (os.cpu_count() or 1) // workers))
     salt = settings.salt()
     (out / RUNS_DIR).mkdir(parents=True, exist_ok=True)
     previous = read_fleet(out)
