@@ -2,9 +2,10 @@
 
 What a run is (given PATH arguments, after expanding globs):
 - a file is a one-file run;
-- a folder that directly holds at least one (non-hidden) file is one run, with everything below it;
-- a folder that holds only folders is a folder of runs: each immediate non-hidden subfolder is one run,
-  whatever it holds. Only one level is expanded: pass a glob (`'jobs/*/'`) for deeper layouts, or
+- a folder that directly holds at least one file is one run, with everything below it (hidden files
+  and notes such as README, *.md or *.html do not count);
+- a folder that holds only folders (and notes) is a folder of runs: each immediate non-hidden
+  subfolder is one run, whatever it holds. Only one level is expanded: pass a glob (`'jobs/*/'`) for deeper layouts, or
   `paths_are_runs` to take every PATH as one run as given.
 
 Each run is analysed by `analyse_run`, a pure function of the run's path and the settings (no writes),
@@ -48,6 +49,7 @@ INDEX_FILE = "index.html"
 RUNS_DIR = "runs"
 ERROR = "error"
 ENGINES = ("local", "ray")
+NOTE_FILE = re.compile(r"(?i)^(?:readme|notes?|license|index)(?:\.\w+)?$|\.(?:md|rst|html?)$")
 
 FLEET_SCHEMA: dict[str, pl.DataType] = {
     "run": pl.String(),
@@ -142,9 +144,14 @@ def _is_hidden(path: Path) -> bool:
     return path.name.startswith(".")
 
 
+def _is_note(name: str) -> bool:
+    """Files that describe a folder of runs rather than belong to a run: hidden files, READMEs, notes."""
+    return name.startswith(".") or NOTE_FILE.match(name) is not None
+
+
 def _holds_files(folder: Path) -> bool:
     try:
-        return any(entry.is_file() and not entry.name.startswith(".") for entry in os.scandir(folder))
+        return any(entry.is_file() and not _is_note(entry.name) for entry in os.scandir(folder))
     except OSError:
         return True  # an unreadable folder is a run whose analysis will say why
 

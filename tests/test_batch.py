@@ -51,11 +51,12 @@ def test_what_a_run_is(tmp_path: Path):
     (fleet / "torchrun-only" / "torchrun_logs" / "attempt_0" / "0").mkdir(parents=True)
     (fleet / "torchrun-only" / "torchrun_logs" / "attempt_0" / "0" / "stdout.log").write_text("x\n")
     (fleet / ".trash").mkdir()
+    (fleet / "README.md").write_text("weekly runs\n")
     single = tmp_path / "single.log"
     single.write_text("x\n")
 
     runs = {s.run for s in find_runs([str(fleet)])}
-    assert runs == {"flat", "torchrun-only"}, "a folder of folders holds runs, one per subfolder, hidden ones skipped"
+    assert runs == {"flat", "torchrun-only"}, "a folder of folders (and a README) holds runs, hidden ones skipped"
     assert [s.run for s in find_runs([str(fleet / "flat")])] == ["flat"], "a folder with files is one run"
     assert [s.run for s in find_runs([str(fleet)], paths_are_runs=True)] == ["fleet"]
     assert [Path(s.path).name for s in find_runs([str(tmp_path / "*.log")])] == ["single.log"]

@@ -16,6 +16,7 @@ from forensics.cli import main
 from forensics.diff import compare, flatten
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "diff"
+GPU_HEALTHY = FIXTURES.parent / "runs" / "healthy"
 
 
 @pytest.fixture
@@ -24,6 +25,28 @@ def runs(tmp_path: Path) -> tuple[Path, Path]:
     failing = shutil.copytree(FIXTURES / "ray_memory_monitor", tmp_path / "before")
     fixed = shutil.copytree(FIXTURES / "ray_healthy", tmp_path / "after")
     return failing, fixed
+
+
+def _jsonl_peak(run: Path) -> float:
+    """The largest `perf/max_memory_allocated_gb` in the run's verl file-logger JSONL, read with json alone."""
+    lines = next(run.glob("forensics_capture/*.jsonl")).read_text(encoding="utf-8").splitlines()
+    return max(json.loads(line)["data"]["perf/max_memory_allocated_gb"] for line in lines if line.strip())
+
+
+def test_gpu_run_whose_leak_was_fixed(tmp_path: Path):
+    """2 x H200: rank 1 leaked memory until CUDA OOM at step 24; the fixed job ran its 80 steps."""
+    leaking = shutil.copytree(FIXTURES / "leak_oom", tmp_path / "leak_oom")
+    fixed = shutil.copytree(GPU_HEALTHY, tmp_path / "fixed")
+    doc = compare(analyze([leaking]), analyze([fixed]))
+
+    expected = (_jsonl_peak(fixed) - _jsonl_peak(leaking)) / _jsonl_peak(leaking) * 100
+    assert expected < -90
+    assert doc["verdict"].startswith(f"peak memory {expected:+.0f}%, throughput +")
+    assert doc["verdict"].endswith("the OOM is gone")
+    assert doc["a"]["root_cause"]["class"] == "cuda_oom" and doc["a"]["root_cause"]["rank"] == 1
+    assert doc["b"]["status"] == "healthy" and doc["b"]["steps"] == 80
+    peak = next(n for n in doc["numbers"] if n["name"] == "peak_memory_gb")
+    assert peak["improved"] is True and peak["source"] == "perf/max_memory_allocated_gb"
 
 
 def _logged(run: Path, metric: str) -> list[float]:
