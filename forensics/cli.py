@@ -181,8 +181,9 @@ def batch_cmd(
 ) -> None:
     """Analyse many runs: run folders, folders of runs (each subfolder is a run), files, or quoted globs.
 
-    A folder that directly holds a file is one run; a folder that holds only folders holds runs, one per
-    subfolder. Runs whose files have not changed since the last batch into --out are not analysed again.
+    A folder that directly holds a file (notes such as README aside) is one run; a folder that holds only
+    folders holds runs, one per subfolder. Runs whose files have not changed since the last batch into --out
+    are not analysed again. See docs/batch.md.
     """
     if address and engine != "ray":
         raise click.UsageError("--address is for --engine ray")
