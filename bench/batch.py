@@ -177,9 +177,9 @@ def main() -> None:
         print(f"\n{os.cpu_count()} CPUs, load average {load:.1f} at the end")
         if load > (os.cpu_count() or 1):
             print(
-                "  the machine is busy: Linux shares CPU between sessions (autogroup), so a second local worker\n"
-                "  cannot get more CPU than one; Ray's workers run in sessions of their own. Compare CPU s, or\n"
-                "  measure on an idle machine."
+                "  the machine is busy: Linux shares CPU between sessions (autogroup), so a second worker of\n"
+                "  this session gets no more CPU than one, and wall times follow the others' load. Compare CPU s,\n"
+                "  or measure on an idle machine."
             )
         print(f"{'engine':8}{'workers':>8}{'wall s':>9}{'runs/s':>9}{'vs local×1':>12}{'CPU s':>8}{'start-up s':>12}")
         for engine, jobs, seconds, cpu, startup in measured:
