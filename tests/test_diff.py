@@ -103,14 +103,19 @@ def test_the_same_failure_twice_is_not_fixed(runs, tmp_path: Path):
 def test_config_keys_that_differ_are_flattened(runs):
     failing, fixed = runs
     a, b = analyze([failing]), analyze([fixed])
-    if not a.config:  # config parsing may not be there yet: feed the runs' own hydra configs
-        a.config = yaml.safe_load((failing / ".hydra" / "config.yaml").read_text(encoding="utf-8"))
-        b.config = yaml.safe_load((fixed / ".hydra" / "config.yaml").read_text(encoding="utf-8"))
+    assert {c["key"]: (c["a"], c["b"]) for c in compare(a, b)["config"]["changed"]} == {
+        "ray_kwargs.ray_init._temp_dir": ("/tmp/rc/oom", "/tmp/rc/h")
+    }, "the two captures' printed configs differ in Ray's temp dir only"
+
+    # nested (as the runs' hydra config.yaml) or already flat: the diff flattens both the same way
+    a.config = yaml.safe_load((failing / ".hydra" / "config.yaml").read_text(encoding="utf-8"))
+    b.config = yaml.safe_load((fixed / ".hydra" / "config.yaml").read_text(encoding="utf-8"))
     b.config["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] = 1
     changed = {c["key"]: (c["a"], c["b"]) for c in compare(a, b)["config"]["changed"]}
-    assert changed["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == (2, 1)
-    assert changed["ray_kwargs.ray_init._temp_dir"] == ("/tmp/rc/oom", "/tmp/rc/h")
-    assert len(changed) == 2
+    assert changed == {
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": (2, 1),
+        "ray_kwargs.ray_init._temp_dir": ("/tmp/rc/oom", "/tmp/rc/h"),
+    }
 
 
 def test_no_config_on_either_side_is_said_so(runs):
