@@ -100,7 +100,9 @@ def test_fleet_table_matches_single_run_analysis_and_groups_the_same_bug(tmp_pat
     index = (out / INDEX_FILE).read_text(encoding="utf-8")
     for row in table.iter_rows(named=True):
         assert f'href="{row["report_html"]}"' in index
-    assert oom1["fingerprint"] in index and "No host names" in index
+    assert oom1["fingerprint"] in index
+    assert (oom1["host"], oom2["host"]) == ("192.0.2.2", "192.0.2.77"), "Ray names the node the trainer died on"
+    assert '"192.0.2.2 (1 root)"' in index and '"192.0.2.77 (1 root)"' in index, "each host's row in the heatmap"
     assert result.analysed == 3 and result.cached == 0
 
 
