@@ -16,7 +16,7 @@ import polars as pl
 
 from forensics import __version__
 from forensics.report.figures import CLASS_COLOURS
-from forensics.report.html import _environment, _plotly_js_gz_b64
+from forensics.report.html import template_environment, plotly_js_gz_b64
 
 MAX_HEATMAP_HOSTS = 40
 MAX_HEATMAP_RUNS = 200
@@ -189,7 +189,7 @@ def batch_figures(fleet: pl.DataFrame) -> list[tuple[str, go.Figure]]:
 def render_batch_html(fleet: pl.DataFrame, new: set[str] | None = None, title: str = "batch") -> str:
     figs = [{"id": n, "json": json.loads(pio.to_json(f, validate=False))} for n, f in batch_figures(fleet)]
     return (
-        _environment()
+        template_environment()
         .get_template("batch.html.j2")
         .render(
             title=title,
@@ -199,7 +199,7 @@ def render_batch_html(fleet: pl.DataFrame, new: set[str] | None = None, title: s
             runs=_runs_table(fleet),
             has_hosts=any(f["id"] == "hosts" for f in figs),
             figures=figs,
-            plotly_js=_plotly_js_gz_b64() if figs else "",
+            plotly_js=plotly_js_gz_b64() if figs else "",
             version=__version__,
             generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         )

@@ -12,7 +12,7 @@ import plotly.io as pio
 from forensics import __version__
 from forensics.diff import per_step
 from forensics.model import Analysis
-from forensics.report.html import _environment, _plotly_js_gz_b64
+from forensics.report.html import template_environment, plotly_js_gz_b64
 
 MAX_SERIES_FIGURES = 6
 SIDE_STYLE = {"A": {"dash": "dot", "color": "#b42318"}, "B": {"dash": "solid", "color": "#175cd3"}}
@@ -57,12 +57,12 @@ def diff_figures(a: Analysis, b: Analysis, doc: dict[str, Any]) -> list[tuple[st
 def render_diff_html(a: Analysis, b: Analysis, doc: dict[str, Any]) -> str:
     figs = [{"id": n, "json": json.loads(pio.to_json(f, validate=False))} for n, f in diff_figures(a, b, doc)]
     return (
-        _environment()
+        template_environment()
         .get_template("diff.html.j2")
         .render(
             doc=doc,
             figures=figs,
-            plotly_js=_plotly_js_gz_b64() if figs else "",
+            plotly_js=plotly_js_gz_b64() if figs else "",
             version=__version__,
             generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         )

@@ -27,7 +27,7 @@ from forensics.resources import templates_dir
 
 
 @functools.lru_cache(maxsize=1)
-def _plotly_js_gz_b64() -> str:
+def plotly_js_gz_b64() -> str:
     return base64.b64encode(gzip.compress(plotly.offline.get_plotlyjs().encode(), 9)).decode()
 
 
@@ -37,7 +37,7 @@ def script_safe_json(value: Any) -> Markup:
     return Markup(text)  # safe: every character that could end the element is escaped above
 
 
-def _environment() -> jinja2.Environment:
+def template_environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         autoescape=jinja2.select_autoescape(["html", "j2", "html.j2"], default=True),
@@ -52,11 +52,11 @@ def _environment() -> jinja2.Environment:
 def render_html(a: Analysis, redact_secrets: bool = True) -> str:
     doc = to_json_dict(a, redact_secrets)
     figs = [{"id": name, "json": json.loads(pio.to_json(fig, validate=False))} for name, fig in figures(a)]
-    template = _environment().get_template("incident.html.j2")
+    template = template_environment().get_template("incident.html.j2")
     return template.render(
         doc=doc,
         figures=figs,
-        plotly_js=_plotly_js_gz_b64() if figs else "",
+        plotly_js=plotly_js_gz_b64() if figs else "",
         metrics=metric_summary(a.series),
         version=__version__,
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
