@@ -16,7 +16,7 @@ import polars as pl
 
 from forensics import __version__
 from forensics.report.figures import CLASS_COLOURS
-from forensics.report.html import template_environment, plotly_js_gz_b64
+from forensics.report.html import plotly_js_gz_b64, template_environment
 
 MAX_HEATMAP_HOSTS = 40
 MAX_HEATMAP_RUNS = 200

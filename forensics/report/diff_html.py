@@ -12,7 +12,7 @@ import plotly.io as pio
 from forensics import __version__
 from forensics.diff import per_step
 from forensics.model import Analysis
-from forensics.report.html import template_environment, plotly_js_gz_b64
+from forensics.report.html import plotly_js_gz_b64, template_environment
 
 MAX_SERIES_FIGURES = 6
 SIDE_STYLE = {"A": {"dash": "dot", "color": "#b42318"}, "B": {"dash": "solid", "color": "#175cd3"}}
