@@ -1,0 +1,483 @@
+"""PyTorch profiler (Kineto) traces, `*.pt.trace.json[.gz]`, one per rank: where each GPU's time went.
+
+A trace of a few training steps is hundreds of MB of pretty-printed JSON, most of it CPU operators. It
+is never parsed whole: the bytes stream through in chunks; a vectorised scan (numpy over the raw bytes:
+quotes, escapes, bracket depth) finds the elements of `traceEvents` and turns each chunk into
+newline-delimited JSON that polars parses in Rust with only the fields needed; CPU operators are dropped
+chunk by chunk, so memory holds the GPU activity (a few dozen bytes per kernel) and one chunk.
+
+Format (reference §5): GPU events have `pid` = device, `ts`/`dur` in µs from `baseTimeNanoseconds`;
+the rank is `distributedInfo.rank` — a trace without it is never silently rank 0.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from forensics.sources.base import FileResult, FileSource, Sink
+from forensics.sources.gputrace import (
+    COMMUNICATION,
+    COMPUTE,
+    EXTRAS_KEY,
+    NCCL_KERNEL,
+    SLOWEST_NCCL,
+    TOP_GAPS,
+    TOP_KERNELS,
+    DeviceTrace,
+    KernelStat,
+    NcclStat,
+    TraceFile,
+    rank_from_file_name,
+)
+from forensics.textio import open_binary
+
+SOURCE = "kineto"
+CHUNK_BYTES = 32 * 1024 * 1024
+MAX_ELEMENT_BYTES = 256 * 1024 * 1024  # one event larger than this means the file is not a trace
+MAX_TAIL_BYTES = 16 * 1024 * 1024  # the keys after `traceEvents` are a few short values
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset")
+STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+WORKER_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.\d+\.pt\.trace\.json")
+EPOCH_US = 1e15  # older traces carry absolute µs timestamps and no baseTimeNanoseconds
+_ARGS = {"Collective name": pl.String, "device": pl.String}
+EVENT_SCHEMA = {
+    "ph": pl.String,
+    "cat": pl.String,
+    "name": pl.String,
+    "pid": pl.String,
+    "ts": pl.Float64,
+    "dur": pl.Float64,
+    "args": pl.Struct(_ARGS),
+}
+_NEWLINES = bytes.maketrans(b"\n\r", b"  ")
+_QUOTE, _BACKSLASH, _COMMA = 34, 92, 44
+_OPEN = (123, 91)  # { [
+_CLOSE = (125, 93)  # } ]
+
+
+def _sniff(name: str, head: bytes) -> bool:
+    if name.endswith((".pt.trace.json", ".pt.trace.json.gz")):
+        return True
+    if not name.endswith((".json", ".json.gz")) or b'"traceEvents"' not in head:
+        return False
+    return any(k in head for k in (b'"schemaVersion"', b'"deviceProperties"', b'"distributedInfo"'))
+
+
+# --- the byte-level scan ---------------------------------------------------------------------------
+
+
+def _unescaped_quotes(buf: np.ndarray) -> np.ndarray:
+    """Positions of `"` that open or close a string (a quote after an odd run of backslashes is text)."""
+    quotes = np.flatnonzero(buf == _QUOTE)
+    backslashes = np.flatnonzero(buf == _BACKSLASH)
+    if backslashes.size == 0 or quotes.size == 0:
+        return quotes
+    after_backslash = quotes[(quotes > 0) & (buf[np.maximum(quotes - 1, 0)] == _BACKSLASH)]
+    if after_backslash.size == 0:
+        return quotes
+    run_start = np.ones(backslashes.size, dtype=bool)
+    run_start[1:] = backslashes[1:] != backslashes[:-1] + 1
+    first_of_run = np.maximum.accumulate(np.where(run_start, np.arange(backslashes.size), 0))
+    last = np.searchsorted(backslashes, after_backslash - 1)
+    escaped = after_backslash[(last - first_of_run[last] + 1) % 2 == 1]
+    return np.setdiff1d(quotes, escaped, assume_unique=True)
+
+
+@dataclass
+class _Structure:
+    """Brackets and commas outside strings, with the nesting depth after each bracket."""
+
+    brackets: np.ndarray
+    depth_after: np.ndarray
+    commas: np.ndarray
+    comma_depth: np.ndarray
+
+
+def _structure(buf: np.ndarray, start_depth: int) -> _Structure:
+    quotes = _unescaped_quotes(buf)
+    opening = (buf == _OPEN[0]) | (buf == _OPEN[1])
+    closing = (buf == _CLOSE[0]) | (buf == _CLOSE[1])
+    brackets = np.flatnonzero(opening | closing)
+    brackets = brackets[np.searchsorted(quotes, brackets) % 2 == 0]
+    depth_after = start_depth + np.cumsum(np.where(opening[brackets], 1, -1))
+    commas = np.flatnonzero(buf == _COMMA)
+    commas = commas[np.searchsorted(quotes, commas) % 2 == 0]
+    before = np.searchsorted(brackets, commas) - 1
+    comma_depth = np.where(before >= 0, depth_after[np.maximum(before, 0)], start_depth)
+    return _Structure(brackets, depth_after, commas, comma_depth)
+
+
+@dataclass
+class _Split:
+    """The raw JSON outside `traceEvents` and the NDJSON chunks of its elements."""
+
+    head: bytes = b""
+    tail: bytes = b""
+    found: bool = False
+    closed: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+
+def _find_array_start(data: bytes) -> int | None:
+    """Offset just after the `[` of the top-level `"traceEvents": [`."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    s = _structure(buf, 0)
+    for pos, depth in zip(s.brackets.tolist(), s.depth_after.tolist(), strict=True):
+        if depth == 2 and data[pos] == _OPEN[1] and re.search(rb'"traceEvents"\s*:\s*$', data[max(0, pos - 64) : pos]):
+            return pos + 1
+    return None
+
+
+def _ndjson(region: bytes, separators: np.ndarray) -> bytes:
+    """The elements of an array region one per line: raw newlines are only whitespace in JSON."""
+    out = np.frombuffer(region.translate(_NEWLINES), dtype=np.uint8).copy()
+    out[separators] = 10
+    return out.tobytes()
+
+
+def split_trace_events(stream: io.BufferedIOBase, split: _Split, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """Yield NDJSON blocks of the `traceEvents` elements; keep the rest of the document in `split`."""
+    data = b""
+    while not split.found:
+        block = stream.read(chunk_bytes)
+        data += block
+        start = _find_array_start(data)
+        if start is not None:
+            split.head, data, split.found = data[: start - 1], data[start:], True
+        elif not block or len(data) > MAX_ELEMENT_BYTES:
+            split.warnings.append("no top-level `traceEvents` array")
+            return
+    eof = False
+    while True:
+        if not eof:
+            block = stream.read(chunk_bytes)
+            eof = not block
+            data += block
+        s = _structure(np.frombuffer(data, dtype=np.uint8), 0)
+        separators = s.commas[s.comma_depth == 0]
+        closing = np.flatnonzero(s.depth_after < 0)
+        if closing.size:  # the `]` of traceEvents
+            close = int(s.brackets[closing[0]])
+            yield _ndjson(data[:close], separators[separators < close])
+            split.tail, split.closed = data[close + 1 :] + stream.read(MAX_TAIL_BYTES), True
+            return
+        complete = np.flatnonzero(s.depth_after == 0)
+        if complete.size:
+            cut = int(s.brackets[complete[-1]]) + 1
+            yield _ndjson(data[:cut], separators[separators < cut])
+            data = data[cut:]
+        if eof:
+            if data.strip(b" \t\r\n,"):
+                split.warnings.append("the file ends inside `traceEvents` (truncated?); the events before it were read")
+            return
+        if len(data) > MAX_ELEMENT_BYTES:
+            split.warnings.append(f"an event larger than {MAX_ELEMENT_BYTES // 2**20} MiB; reading stopped there")
+            return
+
+
+# --- events to frames ------------------------------------------------------------------------------
+
+
+def _parse_block(block: bytes, bad_lines: list[int]) -> pl.DataFrame:
+    """Only the needed fields, in Rust; a block polars refuses (NaN literals, damage) goes line by line."""
+    try:
+        return pl.read_ndjson(io.BytesIO(block), schema=EVENT_SCHEMA)
+    except (pl.exceptions.PolarsError, OSError):
+        rows = []
+        for line in block.split(b"\n"):
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                bad_lines[0] += 1
+                continue
+            if isinstance(event, dict):
+                args = event.get("args") if isinstance(event.get("args"), dict) else {}
+                rows.append(
+                    {k: _text_or_number(event.get(k), EVENT_SCHEMA[k]) for k in EVENT_SCHEMA if k != "args"}
+                    | {"args": {k: _text_or_number(args.get(k), pl.String) for k in _ARGS}}
+                )
+        return pl.DataFrame(rows, schema=EVENT_SCHEMA)
+
+
+def _text_or_number(value: Any, dtype: Any) -> Any:
+    if value is None:
+        return None
+    if dtype == pl.Float64:
+        return float(value) if isinstance(value, (int, float)) else None
+    return str(value)
+
+
+_NS = 1000.0
+
+
+def _gpu_rows(frame: pl.DataFrame) -> pl.DataFrame:
+    """GPU activity as (dev, s, e, cls, name, op) with integer ns; cls 0 compute, 1 NCCL, 2 memory."""
+    cat = pl.col("cat").str.to_lowercase()
+    name = pl.col("name")
+    is_memory = cat.is_in(["gpu_memcpy", "gpu_memset", "memcpy", "memset"]) | name.str.contains(r"^(?:Memcpy|Memset)")
+    is_nccl = name.str.to_lowercase().str.starts_with("nccl")
+    start = (pl.col("ts") * _NS).round().cast(pl.Int64)
+    return (
+        frame.filter((pl.col("ph") == "X") & cat.is_in(GPU_CATEGORIES) & pl.col("ts").is_not_null())
+        .select(
+            pl.coalesce(pl.col("args").struct.field("device"), pl.col("pid")).cast(pl.Int64, strict=False).alias("dev"),
+            start.alias("s"),
+            (start + (pl.col("dur").fill_null(0) * _NS).round().cast(pl.Int64)).alias("e"),
+            pl.when(is_memory).then(2).when(is_nccl).then(1).otherwise(0).cast(pl.Int8).alias("cls"),
+            name.cast(pl.Categorical),
+            pl.when(is_nccl)
+            .then(pl.coalesce(pl.col("args").struct.field("Collective name"), name.str.extract(NCCL_KERNEL.pattern, 1)))
+            .cast(pl.Categorical)
+            .alias("op"),
+        )
+        .filter(pl.col("dev").is_not_null())
+    )
+
+
+def _step_rows(frame: pl.DataFrame) -> pl.DataFrame:
+    """CPU-side `ProfilerStep#N` windows."""
+    return frame.filter(
+        (pl.col("ph") == "X")
+        & pl.col("name").str.starts_with("ProfilerStep#")
+        & ~pl.col("cat").fill_null("").str.starts_with("gpu_")
+    ).select(pl.col("name").str.extract(STEP_NAME.pattern, 1).cast(pl.Int64, strict=False).alias("step"))
+
+
+# --- per-device summaries --------------------------------------------------------------------------
+
+
+def _unions(rows: pl.DataFrame) -> dict[int, tuple[int, int, int, int]]:
+    """dev -> (count, first start, last end, length of the union of the [s, e) intervals)."""
+    if rows.is_empty():
+        return {}
+    prev = pl.col("e").cum_max().shift(1).over("dev")
+    out = (
+        rows.select("dev", "s", "e")
+        .sort("dev", "s", "e")
+        .with_columns(prev.alias("prev"))
+        .group_by("dev")
+        .agg(
+            pl.len().alias("n"),
+            pl.col("s").min().alias("first"),
+            pl.col("e").max().alias("last"),
+            (pl.col("e") - pl.max_horizontal("s", pl.col("prev").fill_null(pl.col("s"))))
+            .clip(lower_bound=0)
+            .sum()
+            .alias("union"),
+        )
+    )
+    return {r[0]: (r[1], r[2], r[3], r[4]) for r in out.iter_rows()}
+
+
+def _idle_gaps(rows: pl.DataFrame) -> dict[int, list[tuple[int, int]]]:
+    gaps = (
+        rows.select("dev", "s", "e")
+        .sort("dev", "s", "e")
+        .with_columns(pl.col("e").cum_max().shift(1).over("dev").alias("prev"))
+        .filter(pl.col("s") > pl.col("prev"))
+        .with_columns((pl.col("s") - pl.col("prev")).alias("gap"))
+        .sort("gap", descending=True)
+        .group_by("dev", maintain_order=True)
+        .head(TOP_GAPS)
+    )
+    out: dict[int, list[tuple[int, int]]] = {}
+    for dev, prev, gap in gaps.select("dev", "prev", "gap").iter_rows():
+        out.setdefault(dev, []).append((prev, gap))
+    return out
+
+
+def _top_kernels(rows: pl.DataFrame) -> dict[int, list[KernelStat]]:
+    top = (
+        rows.filter(pl.col("cls") < 2)
+        .group_by("dev", "name", "cls")
+        .agg(
+            pl.len().alias("n"),
+            (pl.col("e") - pl.col("s")).sum().alias("total"),
+            (pl.col("e") - pl.col("s")).max().alias("longest"),
+        )
+        .sort("total", descending=True)
+        .group_by("dev", maintain_order=True)
+        .head(TOP_KERNELS)
+    )
+    out: dict[int, list[KernelStat]] = {}
+    for dev, name, cls, n, total, longest in top.iter_rows():
+        out.setdefault(dev, []).append(KernelStat(str(name), COMMUNICATION if cls == 1 else COMPUTE, n, total, longest))
+    return out
+
+
+def _nccl_stats(
+    rows: pl.DataFrame,
+) -> tuple[dict[int, list[NcclStat]], dict[int, int], dict[int, list[tuple[str, int, int]]]]:
+    nccl = rows.filter(pl.col("cls") == 1).with_columns((pl.col("e") - pl.col("s")).alias("d"))
+    per_op = (
+        nccl.group_by("dev", "op")
+        .agg(
+            pl.len().alias("n"),
+            pl.col("d").sum().alias("total"),
+            pl.col("d").median().alias("median"),
+            pl.col("d").max().alias("longest"),
+        )
+        .sort("total", descending=True)
+    )
+    ops: dict[int, list[NcclStat]] = {}
+    for dev, op, n, total, median, longest in per_op.iter_rows():
+        ops.setdefault(dev, []).append(NcclStat(str(op), n, total, round(median), longest))
+    medians = {dev: round(m) for dev, m in nccl.group_by("dev").agg(pl.col("d").median()).iter_rows()}
+    slowest: dict[int, list[tuple[str, int, int]]] = {}
+    top = nccl.sort("d", descending=True).group_by("dev", maintain_order=True).head(SLOWEST_NCCL)
+    for dev, op, s, d in top.select("dev", "op", "s", "d").iter_rows():
+        slowest.setdefault(dev, []).append((str(op), s, d))
+    return ops, medians, slowest
+
+
+def summarise_devices(rows: pl.DataFrame, rel: str, steps: int | None, origin_ns: int | None) -> list[DeviceTrace]:
+    """One DeviceTrace per GPU in the activity rows (dev, s, e, cls, name, op; ns)."""
+    busy = _unions(rows)
+    compute = _unions(rows.filter(pl.col("cls") == 0))
+    comm = _unions(rows.filter(pl.col("cls") == 1))
+    memory = _unions(rows.filter(pl.col("cls") == 2))
+    kernels = _unions(rows.filter(pl.col("cls") < 2))
+    gaps = _idle_gaps(rows)
+    top = _top_kernels(rows)
+    ops, medians, slowest = _nccl_stats(rows)
+    none = (0, 0, 0, 0)
+    devices = []
+    for dev in sorted(busy):
+        _, first, last, busy_ns = busy[dev]
+        devices.append(
+            DeviceTrace(
+                file=rel,
+                source=SOURCE,
+                device=dev,
+                rank=None,
+                host=None,
+                start=None if origin_ns is None else datetime.fromtimestamp((origin_ns + first) / 1e9, tz=timezone.utc),
+                span_ns=last - first,
+                busy_ns=busy_ns,
+                compute_ns=compute.get(dev, none)[3],
+                comm_ns=comm.get(dev, none)[3],
+                memory_ns=memory.get(dev, none)[3],
+                kernels_ns=kernels.get(dev, none)[3],
+                kernel_count=kernels.get(dev, none)[0],
+                nccl_count=comm.get(dev, none)[0],
+                nccl_median_ns=medians.get(dev),
+                steps=steps,
+                top_kernels=top.get(dev, []),
+                nccl_ops=ops.get(dev, []),
+                slowest_nccl=[
+                    {"op": op, "offset_ms": round((s - first) / 1e6, 3), "us": round(d / 1e3, 2)}
+                    for op, s, d in slowest.get(dev, [])
+                ],
+                idle_gaps=[(prev - first, gap) for prev, gap in gaps.get(dev, [])],
+            )
+        )
+    return devices
+
+
+# --- the reader ------------------------------------------------------------------------------------
+
+
+def _document(split: _Split) -> dict[str, Any]:
+    """The top-level keys besides `traceEvents` (deviceProperties, distributedInfo, baseTimeNanoseconds)."""
+    text = split.head + b"[]" + split.tail
+    try:
+        doc = json.loads(text)
+        return doc if isinstance(doc, dict) else {}
+    except ValueError:
+        doc = {}
+        for key in ("distributedInfo", "baseTimeNanoseconds"):
+            m = re.search(rb'"' + key.encode() + rb'"\s*:\s*(\{[^{}]*\}|\d+)', text)
+            if m:
+                doc[key] = json.loads(m.group(1))
+        return doc
+
+
+def _rank(doc: dict[str, Any], rel: str, result: FileResult) -> int | None:
+    info = doc.get("distributedInfo")
+    rank = info.get("rank") if isinstance(info, dict) else None
+    if isinstance(rank, int):
+        return rank
+    from_name = rank_from_file_name(rel)
+    how = f"rank {from_name} taken from the file name" if from_name is not None else "its rank is unknown"
+    result.warnings.append(f"{rel}: the trace has no distributedInfo.rank; {how}")
+    return from_name
+
+
+def _origin_ns(doc: dict[str, Any], rows: pl.DataFrame) -> int | None:
+    base = doc.get("baseTimeNanoseconds")
+    if isinstance(base, int):
+        return base
+    first = rows.get_column("s").min() if rows.height else None
+    return 0 if first is not None and first > EPOCH_US * _NS else None
+
+
+def _read(path: Path, rel: str, sink: Sink) -> FileResult:
+    result = FileResult()
+    split = _Split()
+    bad_lines = [0]
+    gpu: list[pl.DataFrame] = []
+    steps: set[int] = set()
+    try:
+        with open_binary(path) as fh:
+            for block in split_trace_events(fh, split):
+                frame = _parse_block(block, bad_lines)
+                gpu.append(_gpu_rows(frame))
+                steps.update(s for s in _step_rows(frame).get_column("step").to_list() if s is not None)
+    except (OSError, EOFError, zlib.error) as exc:
+        split.warnings.append(f"reading stopped early ({type(exc).__name__}: {exc}); the events before were read")
+    result.warnings += [f"{rel}: {w}" for w in split.warnings]
+    if bad_lines[0]:
+        result.warnings.append(f"{rel}: {bad_lines[0]} trace events were not valid JSON and were skipped")
+    if not split.found:
+        return result
+    doc = _document(split)
+    rows = pl.concat(gpu) if gpu else _gpu_rows(pl.DataFrame(schema=EVENT_SCHEMA))
+    rank = _rank(doc, rel, result)
+    devices = summarise_devices(rows, rel, len(steps) or None, _origin_ns(doc, rows))
+    host_match = WORKER_NAME.match(rel.rsplit("/", 1)[-1])
+    main = max(devices, key=lambda d: d.busy_ns, default=None)
+    for d in devices:
+        d.rank = rank if d is main else None
+        d.host = host_match["host"] if host_match else None
+    if len(devices) > 1:
+        others = ", ".join(str(d.device) for d in devices if d is not main)
+        result.warnings.append(
+            f"{rel}: GPU activity on devices {others} besides device {main.device}, rank {rank}'s GPU"
+        )
+    _environment(doc, result)
+    result.extras[EXTRAS_KEY] = TraceFile(rel, SOURCE, rank, devices)
+    kernels = sum(d.kernel_count for d in devices)
+    result.note = (
+        f"PyTorch profiler trace: rank {rank if rank is not None else '?'}, {len(steps)} steps, "
+        f"{kernels} kernels ({sum(d.nccl_count for d in devices)} NCCL)"
+    )
+    return result
+
+
+def _environment(doc: dict[str, Any], result: FileResult) -> None:
+    props = doc.get("deviceProperties")
+    if isinstance(props, list):
+        names = sorted({p.get("name") for p in props if isinstance(p, dict) and p.get("name")})
+        if names:
+            result.environment["gpu_names"] = names
+    info = doc.get("distributedInfo")
+    if isinstance(info, dict):
+        for key in ("nccl_version", "world_size"):
+            if info.get(key) is not None:
+                result.environment[key] = info[key]
+
+
+FILE_SOURCES = [FileSource("kineto_trace", _sniff, _read)]
