@@ -17,6 +17,7 @@ from forensics.analyses.diagnosis import build_findings, diagnose
 from forensics.analyses.enrich import enrich
 from forensics.analyses.flight_recorder import flight_recorder_findings
 from forensics.analyses.ray_cluster import ray_report
+from forensics.analyses.traces import review_traces
 from forensics.model import Analysis, FileReport, empty_events, empty_series
 from forensics.resources import patterns_dir
 from forensics.rules import Rule, load_rules
@@ -105,6 +106,7 @@ def analyze(
     findings = build_findings(events, by_id, file_order)
     findings += flight_recorder_findings(extras.get("flight_recorder", []))
     findings = add_detector_findings(findings, detect(series, events, marks, file_order, environment, config, warnings))
+    traces = review_traces([results[rf.rel][2] for rf in run.files], file_order, findings, environment, warnings)
     verdict = diagnose(events, findings, marks)
     ray = ray_report(events, verdict)
     timings["diagnose"] = time.perf_counter() - t2
@@ -124,4 +126,5 @@ def analyze(
         timings=timings,
         extras=extras,
         ray=ray,
+        traces=traces,
     )

@@ -200,6 +200,7 @@ class Analysis:
     timings: dict[str, float] = field(default_factory=dict)
     extras: dict[str, list[Any]] = field(default_factory=dict)  # per-kind structured results of file readers
     ray: dict[str, Any] = field(default_factory=dict)  # Ray nodes and actors, who died why (analyses/ray_cluster.py)
+    traces: dict[str, Any] = field(default_factory=dict)  # GPU trace summaries (analyses/traces.py)
 
 
 def iso(ts: datetime | None) -> str | None:

@@ -7,6 +7,7 @@ import polars as pl
 from plotly.subplots import make_subplots
 
 from forensics.model import Analysis, Finding
+from forensics.report import figures_traces
 
 TRAINING_METRICS = (
     "actor/pg_loss",
@@ -196,6 +197,7 @@ def figures(a: Analysis) -> list[tuple[str, go.Figure]]:
         ("memory", _step_figure(a.series, MEMORY_METRICS, "Peak GPU memory by step (GiB, max over ranks)", step)),
         ("gpu-memory", gpu_memory_figure(a.series)),
         ("gpu-util", gpu_util_figure(a.series)),
+        *figures_traces.figures(a),
     ]
     shaded = {"training": TRAINING_METRICS, "throughput": THROUGHPUT_METRICS, "memory": MEMORY_METRICS}
     candidates = [(name, shade_findings(fig, a.findings, shaded.get(name, ()))) for name, fig in candidates]

@@ -93,6 +93,8 @@ def to_json_dict(a: Analysis, redact_secrets: bool = True) -> dict[str, Any]:
     }
     if a.ray:
         doc["ray"] = a.ray
+    if a.traces:
+        doc["traces"] = a.traces
     return _redact_tree(doc) if redact_secrets else doc
 
 

@@ -13,7 +13,9 @@ from forensics.sources import (
     dcgm,
     flight_recorder,
     hydra_config,
+    kineto,
     nccl,
+    nsys,
     nvidia_smi,
     nvidia_smi_q,
     ray_events,
@@ -29,6 +31,7 @@ from forensics.sources.base import FileSource, LineExtractor
 MODULES: list[ModuleType] = [verl, traceback, torchrun, torch_distributed, nccl, nvidia_smi, flight_recorder]
 MODULES += [hydra_config, collect_env, nvidia_smi_q, dcgm, versions]
 MODULES += [ray_session, ray_events]  # Ray's own logs: session folders and events/*.log
+MODULES += [nsys, kineto]
 
 
 def line_extractors() -> list[LineExtractor]:

@@ -1,0 +1,208 @@
+"""GPU traces across ranks: where the time went per rank, and which rank the others wait for.
+
+In synchronous data parallelism every rank's collective ends together, so a rank that arrives late makes
+the others sit in NCCL kernels: their NCCL time grows by about the time the straggler spends on extra
+work. The verdict needs both halves — one rank's own work per step exceeds the others' by a clear margin
+*and* the others' NCCL time rises by a comparable amount — so a balanced run (or one where everybody is
+slow) names nobody. The straggler's extra work is either compute (its kernels run longer: a slow or
+throttled GPU, a larger batch) or idle GPU time (its host is late: data loading, CPU contention).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from forensics.model import Evidence, Finding
+from forensics.sources.base import FileResult
+from forensics.sources.gputrace import EXTRAS_KEY, DeviceTrace, TraceFile
+
+RULE_ID = "trace-straggler"
+REL_MARGIN = 0.2  # the straggler's extra work: at least this fraction of the others' ...
+ABS_MARGIN_NS = 1_000_000  # ... and at least 1 ms per step (or over the window when there are no steps)
+WAIT_SHARE = 0.5  # the others' extra NCCL time must cover at least half of the straggler's extra work
+REMEDIATION = (
+    "Compare the straggler's GPU with its peers: clocks and throttling (`nvidia-smi -q -d PERFORMANCE,CLOCK`), "
+    "temperature, ECC and Xid errors; move the job off a degraded node.",
+    "If that rank simply gets more work, balance it: in verl set trainer.balance_batch=True and use_dynamic_bsz "
+    "with ppo_max_token_len_per_gpu, so that every rank processes a similar number of tokens per step.",
+    "When the straggler's GPU idles rather than computes, its host is late: look for CPU contention, data "
+    "loading or Python work on that rank only (`py-spy dump` of the slow process).",
+)
+_FAR = datetime(9999, 1, 1, tzinfo=timezone.utc)
+
+
+def trace_files(results: list[FileResult]) -> list[TraceFile]:
+    return [r.extras[EXTRAS_KEY] for r in results if isinstance(r.extras.get(EXTRAS_KEY), TraceFile)]
+
+
+def rank_units(files: list[TraceFile]) -> tuple[list[DeviceTrace], list[str]]:
+    """The devices to compare: one per rank when ranks are known (else every device), with warnings."""
+    devices = [d for f in files for d in f.devices]
+    ranked = [d for d in devices if d.rank is not None]
+    if not ranked:
+        return devices, []
+    by_rank: dict[int, DeviceTrace] = {}
+    warnings = []
+    for d in ranked:
+        kept = by_rank.get(d.rank)  # type: ignore[arg-type]
+        if kept is not None:
+            warnings.append(f"rank {d.rank} has several traces ({kept.file}, {d.file}); the longest is compared")
+        if kept is None or d.span_ns > kept.span_ns:
+            by_rank[d.rank] = d  # type: ignore[index]
+    return [by_rank[r] for r in sorted(by_rank)], warnings
+
+
+def _basis(units: list[DeviceTrace]) -> str:
+    return "per step" if units and all(u.steps for u in units) else "over the window"
+
+
+def _per(u: DeviceTrace, value: int, basis: str) -> float:
+    return u.per_step_ns(value) if basis == "per step" else float(value)
+
+
+@dataclass
+class Straggler:
+    """The rank the others wait for, with the numbers that show it (ns, per step or over the window)."""
+
+    unit: DeviceTrace
+    kind: str  # compute | host
+    basis: str
+    own_work: float
+    others_work: float
+    own_nccl: float
+    others_nccl: float
+
+    @property
+    def excess(self) -> float:
+        return self.own_work - self.others_work
+
+    @property
+    def wait(self) -> float:
+        return self.others_nccl - self.own_nccl
+
+    def explanation(self) -> str:
+        what = "computes" if self.kind == "compute" else "keeps its GPU idle"
+        unit = "ms per step" if self.basis == "per step" else "ms over the profiled window"
+        return (
+            f"{self.unit.label} {what} {self.excess / 1e6:.1f} {unit} longer than the others "
+            f"({self.own_work / 1e6:.1f} vs {self.others_work / 1e6:.1f}); the others spend "
+            f"{self.wait / 1e6:.1f} {unit} more in NCCL kernels ({self.others_nccl / 1e6:.1f} vs "
+            f"{self.own_nccl / 1e6:.1f}): they wait for it in every collective."
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "label": self.unit.label,
+            "rank": self.unit.rank,
+            "file": self.unit.file,
+            "kind": self.kind,
+            "basis": self.basis,
+            "own_work_ms": round(self.own_work / 1e6, 3),
+            "others_work_ms": round(self.others_work / 1e6, 3),
+            "own_nccl_ms": round(self.own_nccl / 1e6, 3),
+            "others_nccl_ms": round(self.others_nccl / 1e6, 3),
+            "excess_ms": round(self.excess / 1e6, 3),
+            "wait_ms": round(self.wait / 1e6, 3),
+            "explanation": self.explanation(),
+        }
+
+
+def _candidate(units: list[DeviceTrace], basis: str, kind: str) -> Straggler | None:
+    def work(u: DeviceTrace) -> float:
+        return _per(u, u.compute_ns if kind == "compute" else u.idle_ns, basis)
+
+    suspect = max(units, key=work)
+    others = [u for u in units if u is not suspect]
+    straggler = Straggler(
+        unit=suspect,
+        kind=kind,
+        basis=basis,
+        own_work=work(suspect),
+        others_work=statistics.median(work(u) for u in others),
+        own_nccl=_per(suspect, suspect.comm_ns, basis),
+        others_nccl=statistics.median(_per(u, u.comm_ns, basis) for u in others),
+    )
+    clear = straggler.excess > max(REL_MARGIN * straggler.others_work, ABS_MARGIN_NS)
+    waited = straggler.wait >= WAIT_SHARE * straggler.excess
+    return straggler if clear and waited else None
+
+
+def find_straggler(units: list[DeviceTrace]) -> Straggler | None:
+    """The rank whose extra compute (or idle GPU) the other ranks wait out in NCCL; None when balanced."""
+    if len(units) < 2 or not any(u.comm_ns for u in units):
+        return None
+    basis = _basis(units)
+    found = [s for s in (_candidate(units, basis, "compute"), _candidate(units, basis, "host")) if s is not None]
+    return max(found, key=lambda s: s.excess, default=None)
+
+
+def _evidence_line(u: DeviceTrace, basis: str) -> str:
+    unit = f"ms/step over {u.steps} steps" if basis == "per step" else "ms over the profiled window"
+    return (
+        f"{u.label} ({u.source}, GPU {u.device}): compute {_per(u, u.compute_ns, basis) / 1e6:.2f}, "
+        f"NCCL {_per(u, u.comm_ns, basis) / 1e6:.2f}, memory {_per(u, u.memory_exposed_ns, basis) / 1e6:.2f}, "
+        f"idle {_per(u, u.idle_ns, basis) / 1e6:.2f} {unit}"
+    )
+
+
+def straggler_finding(s: Straggler, units: list[DeviceTrace], file_order: dict[str, int]) -> Finding:
+    ordered = [s.unit] + [u for u in units if u is not s.unit]
+    return Finding(
+        rule=RULE_ID,
+        cls="straggler",
+        title="Straggler rank: the other ranks wait for it in NCCL",
+        severity="warning",
+        layer="infrastructure",
+        rank=s.unit.rank,
+        host=s.unit.host,
+        role=None,
+        ts=s.unit.start,
+        ts_inferred=False,
+        order=(file_order.get(s.unit.file, 0), 0, 0),
+        count=1,
+        evidence=[Evidence(u.file, 0, _evidence_line(u, s.basis)) for u in ordered],
+        fields={k: v for k, v in s.to_json().items() if k not in ("explanation", "label", "rank", "file")},
+        remediation=list(REMEDIATION),
+        explanation=s.explanation(),
+    )
+
+
+def nccl_latency_ms(units: list[DeviceTrace]) -> float | None:
+    """The run's typical NCCL kernel time: the median over ranks of each rank's median NCCL kernel."""
+    medians = [u.nccl_median_ns for u in units if u.nccl_median_ns is not None]
+    return round(statistics.median(medians) / 1e6, 4) if medians else None
+
+
+def review_traces(
+    results: list[FileResult],
+    file_order: dict[str, int],
+    findings: list[Finding],
+    environment: dict[str, Any],
+    warnings: list[str],
+) -> dict[str, Any]:
+    """The hook in analyze: adds the straggler finding, `nccl_latency_ms` and warnings; returns `traces`."""
+    files = trace_files(results)
+    if not files:
+        return {}
+    units, duplicates = rank_units(files)
+    warnings.extend(duplicates)
+    straggler = find_straggler(units)
+    if straggler is not None:
+        findings.append(straggler_finding(straggler, units, file_order))
+        findings.sort(key=lambda f: (f.ts or _FAR, f.order))
+    latency = nccl_latency_ms(units)
+    if latency is not None:
+        environment["nccl_latency_ms"] = latency
+    return {
+        "basis": _basis(units),
+        "compared": [u.label for u in units],
+        "devices": [d.to_json() for f in files for d in f.devices],
+        "files": [
+            {"file": f.file, "source": f.source, "rank": f.rank, **f.tables} for f in files if any(f.tables.values())
+        ],
+        "straggler": straggler.to_json() if straggler else None,
+        "nccl_latency_ms": latency,
+    }
