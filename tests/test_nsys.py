@@ -73,7 +73,7 @@ def test_both_releases_are_summarised_and_match_independent_sums(nsys_dir: Path,
     gaps = sorted(
         (
             b[0] - a_end
-            for a_end, b in zip(_running_ends(kernels + copies), sorted(kernels + copies)[1:])
+            for a_end, b in zip(_running_ends(kernels + copies), sorted(kernels + copies)[1:], strict=False)
             if b[0] > a_end
         ),
         reverse=True,
