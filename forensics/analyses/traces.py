@@ -2,10 +2,10 @@
 
 In synchronous data parallelism every rank's collective ends together, so a rank that arrives late makes
 the others sit in NCCL kernels: their NCCL time grows by about the time the straggler spends on extra
-work. The verdict needs both halves — one rank's own work per step exceeds the others' by a clear margin
+work. The verdict needs both halves — one rank's compute per step exceeds the others' by a clear margin
 *and* the others' NCCL time rises by a comparable amount — so a balanced run (or one where everybody is
-slow) names nobody. The straggler's extra work is either compute (its kernels run longer: a slow or
-throttled GPU, a larger batch) or idle GPU time (its host is late: data loading, CPU contention).
+slow) names nobody. Launch skew alone (one host a few ms late each step, GPU idle rather than busy) is
+common on healthy runs too (seen on our 2-GPU captures): it shows in the breakdown, not as a finding.
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from forensics.sources.base import FileResult
 from forensics.sources.gputrace import EXTRAS_KEY, DeviceTrace, TraceFile
 
 RULE_ID = "trace-straggler"
-REL_MARGIN = 0.2  # the straggler's extra work: at least this fraction of the others' ...
+REL_MARGIN = 0.2  # the straggler's extra compute: at least this fraction of the others' ...
 ABS_MARGIN_NS = 1_000_000  # ... and at least 1 ms per step (or over the window when there are no steps)
-WAIT_SHARE = 0.5  # the others' extra NCCL time must cover at least half of the straggler's extra work
+WAIT_SHARE = 0.5  # the others' extra NCCL time must cover at least half of the straggler's extra compute
 REMEDIATION = (
     "Compare the straggler's GPU with its peers: clocks and throttling (`nvidia-smi -q -d PERFORMANCE,CLOCK`), "
     "temperature, ECC and Xid errors; move the job off a degraded node.",
     "If that rank simply gets more work, balance it: in verl set trainer.balance_batch=True and use_dynamic_bsz "
     "with ppo_max_token_len_per_gpu, so that every rank processes a similar number of tokens per step.",
-    "When the straggler's GPU idles rather than computes, its host is late: look for CPU contention, data "
-    "loading or Python work on that rank only (`py-spy dump` of the slow process).",
+    "If the straggler's kernels are the same as its peers' but slower, profile that GPU alone (a kernel "
+    "benchmark or `nvidia-smi dmon`) before blaming the job.",
 )
 _FAR = datetime(9999, 1, 1, tzinfo=timezone.utc)
 
@@ -68,27 +68,25 @@ class Straggler:
     """The rank the others wait for, with the numbers that show it (ns, per step or over the window)."""
 
     unit: DeviceTrace
-    kind: str  # compute | host
     basis: str
-    own_work: float
-    others_work: float
+    own_compute: float
+    others_compute: float
     own_nccl: float
     others_nccl: float
 
     @property
     def excess(self) -> float:
-        return self.own_work - self.others_work
+        return self.own_compute - self.others_compute
 
     @property
     def wait(self) -> float:
         return self.others_nccl - self.own_nccl
 
     def explanation(self) -> str:
-        what = "computes" if self.kind == "compute" else "keeps its GPU idle"
         unit = "ms per step" if self.basis == "per step" else "ms over the profiled window"
         return (
-            f"{self.unit.label} {what} {self.excess / 1e6:.1f} {unit} longer than the others "
-            f"({self.own_work / 1e6:.1f} vs {self.others_work / 1e6:.1f}); the others spend "
+            f"{self.unit.label} computes {self.excess / 1e6:.1f} {unit} longer than the others "
+            f"({self.own_compute / 1e6:.1f} vs {self.others_compute / 1e6:.1f}); the others spend "
             f"{self.wait / 1e6:.1f} {unit} more in NCCL kernels ({self.others_nccl / 1e6:.1f} vs "
             f"{self.own_nccl / 1e6:.1f}): they wait for it in every collective."
         )
@@ -98,10 +96,9 @@ class Straggler:
             "label": self.unit.label,
             "rank": self.unit.rank,
             "file": self.unit.file,
-            "kind": self.kind,
             "basis": self.basis,
-            "own_work_ms": round(self.own_work / 1e6, 3),
-            "others_work_ms": round(self.others_work / 1e6, 3),
+            "own_compute_ms": round(self.own_compute / 1e6, 3),
+            "others_compute_ms": round(self.others_compute / 1e6, 3),
             "own_nccl_ms": round(self.own_nccl / 1e6, 3),
             "others_nccl_ms": round(self.others_nccl / 1e6, 3),
             "excess_ms": round(self.excess / 1e6, 3),
@@ -110,33 +107,24 @@ class Straggler:
         }
 
 
-def _candidate(units: list[DeviceTrace], basis: str, kind: str) -> Straggler | None:
-    def work(u: DeviceTrace) -> float:
-        return _per(u, u.compute_ns if kind == "compute" else u.idle_ns, basis)
-
-    suspect = max(units, key=work)
-    others = [u for u in units if u is not suspect]
-    straggler = Straggler(
-        unit=suspect,
-        kind=kind,
-        basis=basis,
-        own_work=work(suspect),
-        others_work=statistics.median(work(u) for u in others),
-        own_nccl=_per(suspect, suspect.comm_ns, basis),
-        others_nccl=statistics.median(_per(u, u.comm_ns, basis) for u in others),
-    )
-    clear = straggler.excess > max(REL_MARGIN * straggler.others_work, ABS_MARGIN_NS)
-    waited = straggler.wait >= WAIT_SHARE * straggler.excess
-    return straggler if clear and waited else None
-
-
 def find_straggler(units: list[DeviceTrace]) -> Straggler | None:
-    """The rank whose extra compute (or idle GPU) the other ranks wait out in NCCL; None when balanced."""
+    """The rank whose extra compute the other ranks wait out in NCCL; None when the ranks are balanced."""
     if len(units) < 2 or not any(u.comm_ns for u in units):
         return None
     basis = _basis(units)
-    found = [s for s in (_candidate(units, basis, "compute"), _candidate(units, basis, "host")) if s is not None]
-    return max(found, key=lambda s: s.excess, default=None)
+    suspect = max(units, key=lambda u: _per(u, u.compute_ns, basis))
+    others = [u for u in units if u is not suspect]
+    straggler = Straggler(
+        unit=suspect,
+        basis=basis,
+        own_compute=_per(suspect, suspect.compute_ns, basis),
+        others_compute=statistics.median(_per(u, u.compute_ns, basis) for u in others),
+        own_nccl=_per(suspect, suspect.comm_ns, basis),
+        others_nccl=statistics.median(_per(u, u.comm_ns, basis) for u in others),
+    )
+    clear = straggler.excess > max(REL_MARGIN * straggler.others_compute, ABS_MARGIN_NS)
+    waited = straggler.wait >= WAIT_SHARE * straggler.excess
+    return straggler if clear and waited else None
 
 
 def _evidence_line(u: DeviceTrace, basis: str) -> str:

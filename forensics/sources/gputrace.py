@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from forensics.model import iso
+from forensics.sources.base import Sink
 
 COMPUTE = "compute"
 COMMUNICATION = "communication"
@@ -187,3 +188,20 @@ class TraceFile:
 
 
 EXTRAS_KEY = "gpu_trace"  # FileResult.extras[EXTRAS_KEY] holds the file's TraceFile
+
+
+def record_samples(sink: Sink, devices: list[DeviceTrace]) -> None:
+    """The breakdown as series rows (ms over the trace, by rank), so ranks and times count like any metric."""
+    for d in devices:
+        if d.rank is None:
+            continue
+        values = {
+            "trace/compute_ms": d.compute_ns,
+            "trace/communication_ms": d.comm_ns,
+            "trace/memory_ms": d.memory_ns,
+            "trace/idle_ms": d.idle_ns,
+            "trace/nccl_latency_ms": d.nccl_median_ns,
+        }
+        for metric, ns in values.items():
+            if ns is not None:
+                sink.sample(metric, ns / 1e6, source=d.source, rank=d.rank, ts=d.start)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from forensics.sources.base import FileResult, FileSource, Sink
 from forensics.sources.gputrace import (
@@ -39,14 +40,16 @@ from forensics.sources.gputrace import (
     NcclStat,
     TraceFile,
     rank_from_file_name,
+    record_samples,
 )
 from forensics.textio import open_binary
 
 SOURCE = "kineto"
-CHUNK_BYTES = 32 * 1024 * 1024
+CHUNK_BYTES = 4 * 1024 * 1024  # larger chunks are not faster, only bigger in memory
 MAX_ELEMENT_BYTES = 256 * 1024 * 1024  # one event larger than this means the file is not a trace
 MAX_TAIL_BYTES = 16 * 1024 * 1024  # the keys after `traceEvents` are a few short values
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset")
+KEEP_MARKERS = (b'"kernel"', b'"gpu_memcpy"', b'"gpu_memset"', b'"Kernel"', b'"Memcpy"', b'"Memset"', b"ProfilerStep#")
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 WORKER_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.\d+\.pt\.trace\.json")
 EPOCH_US = 1e15  # older traces carry absolute µs timestamps and no baseTimeNanoseconds
@@ -77,45 +80,43 @@ def _sniff(name: str, head: bytes) -> bool:
 # --- the byte-level scan ---------------------------------------------------------------------------
 
 
-def _unescaped_quotes(buf: np.ndarray) -> np.ndarray:
-    """Positions of `"` that open or close a string (a quote after an odd run of backslashes is text)."""
-    quotes = np.flatnonzero(buf == _QUOTE)
+def _outside_strings(buf: np.ndarray) -> np.ndarray:
+    """True for every byte outside a JSON string: a running parity of the unescaped quotes."""
+    quote = buf == _QUOTE
     backslashes = np.flatnonzero(buf == _BACKSLASH)
-    if backslashes.size == 0 or quotes.size == 0:
-        return quotes
-    after_backslash = quotes[(quotes > 0) & (buf[np.maximum(quotes - 1, 0)] == _BACKSLASH)]
-    if after_backslash.size == 0:
-        return quotes
-    run_start = np.ones(backslashes.size, dtype=bool)
-    run_start[1:] = backslashes[1:] != backslashes[:-1] + 1
-    first_of_run = np.maximum.accumulate(np.where(run_start, np.arange(backslashes.size), 0))
-    last = np.searchsorted(backslashes, after_backslash - 1)
-    escaped = after_backslash[(last - first_of_run[last] + 1) % 2 == 1]
-    return np.setdiff1d(quotes, escaped, assume_unique=True)
+    if backslashes.size:  # a quote after an odd run of backslashes is text, not a delimiter
+        after = backslashes[(backslashes + 1 < buf.size)]
+        after = after[buf[after + 1] == _QUOTE]
+        if after.size:
+            run_start = np.ones(backslashes.size, dtype=bool)
+            run_start[1:] = backslashes[1:] != backslashes[:-1] + 1
+            first_of_run = np.maximum.accumulate(np.where(run_start, np.arange(backslashes.size), 0))
+            last = np.searchsorted(backslashes, after)
+            quote[after[(last - first_of_run[last] + 1) % 2 == 1] + 1] = False
+    return np.bitwise_xor.accumulate(quote.view(np.uint8)) == 0
 
 
 @dataclass
 class _Structure:
-    """Brackets and commas outside strings, with the nesting depth after each bracket."""
+    """Brackets outside strings with the nesting depth after each, and the separators at depth 0."""
 
     brackets: np.ndarray
     depth_after: np.ndarray
-    commas: np.ndarray
-    comma_depth: np.ndarray
+    separators: np.ndarray
 
 
-def _structure(buf: np.ndarray, start_depth: int) -> _Structure:
-    quotes = _unescaped_quotes(buf)
+def _structure(buf: np.ndarray) -> _Structure:
+    outside = _outside_strings(buf)
     opening = (buf == _OPEN[0]) | (buf == _OPEN[1])
+    opening &= outside
     closing = (buf == _CLOSE[0]) | (buf == _CLOSE[1])
+    closing &= outside
     brackets = np.flatnonzero(opening | closing)
-    brackets = brackets[np.searchsorted(quotes, brackets) % 2 == 0]
-    depth_after = start_depth + np.cumsum(np.where(opening[brackets], 1, -1))
-    commas = np.flatnonzero(buf == _COMMA)
-    commas = commas[np.searchsorted(quotes, commas) % 2 == 0]
+    depth_after = np.cumsum(np.where(opening[brackets], 1, -1))
+    commas = np.flatnonzero((buf == _COMMA) & outside)
     before = np.searchsorted(brackets, commas) - 1
-    comma_depth = np.where(before >= 0, depth_after[np.maximum(before, 0)], start_depth)
-    return _Structure(brackets, depth_after, commas, comma_depth)
+    comma_depth = np.where(before >= 0, depth_after[np.maximum(before, 0)], 0)
+    return _Structure(brackets, depth_after, commas[comma_depth == 0])
 
 
 @dataclass
@@ -131,8 +132,7 @@ class _Split:
 
 def _find_array_start(data: bytes) -> int | None:
     """Offset just after the `[` of the top-level `"traceEvents": [`."""
-    buf = np.frombuffer(data, dtype=np.uint8)
-    s = _structure(buf, 0)
+    s = _structure(np.frombuffer(data, dtype=np.uint8))
     for pos, depth in zip(s.brackets.tolist(), s.depth_after.tolist(), strict=True):
         if depth == 2 and data[pos] == _OPEN[1] and re.search(rb'"traceEvents"\s*:\s*$', data[max(0, pos - 64) : pos]):
             return pos + 1
@@ -146,8 +146,9 @@ def _ndjson(region: bytes, separators: np.ndarray) -> bytes:
     return out.tobytes()
 
 
-def split_trace_events(stream: io.BufferedIOBase, split: _Split, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+def split_trace_events(stream: io.BufferedIOBase, split: _Split, chunk_bytes: int = 0) -> Iterator[bytes]:
     """Yield NDJSON blocks of the `traceEvents` elements; keep the rest of the document in `split`."""
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
     data = b""
     while not split.found:
         block = stream.read(chunk_bytes)
@@ -164,8 +165,8 @@ def split_trace_events(stream: io.BufferedIOBase, split: _Split, chunk_bytes: in
             block = stream.read(chunk_bytes)
             eof = not block
             data += block
-        s = _structure(np.frombuffer(data, dtype=np.uint8), 0)
-        separators = s.commas[s.comma_depth == 0]
+        s = _structure(np.frombuffer(data, dtype=np.uint8))
+        separators = s.separators
         closing = np.flatnonzero(s.depth_after < 0)
         if closing.size:  # the `]` of traceEvents
             close = int(s.brackets[closing[0]])
@@ -189,15 +190,33 @@ def split_trace_events(stream: io.BufferedIOBase, split: _Split, chunk_bytes: in
 # --- events to frames ------------------------------------------------------------------------------
 
 
+def _lines(block: bytes) -> pl.Series:
+    """The block's lines as a binary column, without copying them one by one."""
+    ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+    offsets = np.concatenate(([0], ends + 1, [len(block)] if not ends.size or ends[-1] + 1 != len(block) else []))
+    array = pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets.astype(np.int64)), pa.py_buffer(block)]
+    )
+    return pl.Series("line", array)
+
+
 def _parse_block(block: bytes, bad_lines: list[int]) -> pl.DataFrame:
-    """Only the needed fields, in Rust; a block polars refuses (NaN literals, damage) goes line by line."""
+    """The GPU and step events of a block, parsed in Rust with only the needed fields.
+
+    Lines are first kept by a literal marker (GPU categories, `ProfilerStep#`), so the CPU operators that
+    make most of a trace are never decoded. A block polars refuses (invalid UTF-8, NaN literals) goes
+    through Python's json line by line.
+    """
+    lines = _lines(block)
+    keep = pl.repeat(False, len(lines), eager=True)
+    for marker in KEEP_MARKERS:
+        keep = keep | lines.bin.contains(marker)
+    lines = lines.filter(keep)
     try:
-        return pl.read_ndjson(io.BytesIO(block), schema=EVENT_SCHEMA)
+        return lines.cast(pl.String).str.json_decode(pl.Struct(EVENT_SCHEMA)).struct.unnest()
     except (pl.exceptions.PolarsError, OSError):
         rows = []
-        for line in block.split(b"\n"):
-            if not line.strip():
-                continue
+        for line in lines.to_list():
             try:
                 event = json.loads(line)
             except ValueError:
@@ -459,6 +478,7 @@ def _read(path: Path, rel: str, sink: Sink) -> FileResult:
         )
     _environment(doc, result)
     result.extras[EXTRAS_KEY] = TraceFile(rel, SOURCE, rank, devices)
+    record_samples(sink, devices)
     kernels = sum(d.kernel_count for d in devices)
     result.note = (
         f"PyTorch profiler trace: rank {rank if rank is not None else '?'}, {len(steps)} steps, "

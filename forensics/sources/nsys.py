@@ -31,6 +31,7 @@ from forensics.sources.gputrace import (
     is_nccl_kernel,
     nccl_op,
     rank_from_file_name,
+    record_samples,
 )
 
 SOURCE = "nsys"
@@ -369,12 +370,12 @@ def _read(path: Path, rel: str, sink: Sink) -> FileResult:
         result.warnings.append(f"{rel}: not readable as an Nsight Systems export: {exc}")
         return result
     try:
-        return _summarise(conn, schema, path, rel, result)
+        return _summarise(conn, schema, rel, result, sink)
     finally:
         conn.close()
 
 
-def _summarise(conn: sqlite3.Connection, schema: _Schema, path: Path, rel: str, result: FileResult) -> FileResult:
+def _summarise(conn: sqlite3.Connection, schema: _Schema, rel: str, result: FileResult, sink: Sink) -> FileResult:
     if not any(t.startswith(("CUPTI_", "TARGET_INFO_", "NVTX_")) or t == "StringIds" for t in schema.tables):
         result.note = "SQLite database without Nsight Systems tables"
         return result
@@ -434,6 +435,7 @@ def _summarise(conn: sqlite3.Connection, schema: _Schema, path: Path, rel: str, 
         "memory_ops": _section(result, rel, "memcpy/memset", lambda: _memory_ops(conn, schema), []),
     }
     result.extras[EXTRAS_KEY] = TraceFile(rel, SOURCE, rank, active, tables)
+    record_samples(sink, active)
     kernels = sum(d.kernel_count for d in active)
     nccl_kernels = sum(d.nccl_count for d in active)
     result.note = f"Nsight Systems export: {len(active)} GPU(s), {kernels} kernels ({nccl_kernels} NCCL)"

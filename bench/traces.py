@@ -1,0 +1,207 @@
+"""forensics against HolisticTraceAnalysis (HTA) on the same Kineto traces: wall time and peak memory.
+
+    python bench/traces.py TRACE_DIR [--hta-python /tmp/hta-venv/bin/python] [--min-mb 100] [--repeat 3]
+
+TRACE_DIR holds one `*.pt.trace.json[.gz]` per rank. HTA is not a dependency of forensics: install it in a
+separate environment (`python -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install HolisticTraceAnalysis`).
+Each tool runs in its own subprocess, `--repeat` times; the median time is reported. Peak memory is the
+largest of the child's `ru_maxrss` and the summed RSS of its process tree sampled from /proc (HTA parses
+ranks in worker processes). HTA computes its temporal breakdown and comm/comp overlap; forensics runs
+`analyze` on the folder (discovery, every reader, rules, trace review), the path a user takes.
+
+Traces smaller than --min-mb (uncompressed) per rank are first made larger, deterministically, by tiling:
+each rank's events are repeated with timestamps shifted by the trace's span (plus 1 ms), with
+`External id`, `correlation`, flow ids and `ProfilerStep#N` numbers offset so that every copy stays
+unique; metadata events are kept once. Both tools then read the same tiled files (gzip, as captured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ID_KEYS = ("External id", "correlation", "Record function id", "Ev Idx")
+
+FORENSICS_CHILD = """
+import json, resource, sys, time
+from pathlib import Path
+from forensics.analyze import analyze
+t = time.perf_counter()
+a = analyze([Path(sys.argv[1])])
+seconds = time.perf_counter() - t
+rows = {d["label"]: d["breakdown_ms"] for d in a.traces.get("devices", [])}
+print(json.dumps({"seconds": seconds, "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                  "breakdown": rows, "straggler": (a.traces.get("straggler") or {}).get("label")}))
+"""
+
+HTA_CHILD = """
+import json, logging, resource, sys, time
+logging.disable(logging.WARNING)
+from hta.trace_analysis import TraceAnalysis
+t = time.perf_counter()
+analyzer = TraceAnalysis(trace_dir=sys.argv[1])
+breakdown = analyzer.get_temporal_breakdown(visualize=False)
+overlap = analyzer.get_comm_comp_overlap(visualize=False)
+seconds = time.perf_counter() - t
+usage = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+print(json.dumps({"seconds": seconds, "maxrss_kib": usage,
+                  "breakdown": json.loads(breakdown.to_json(orient="records")),
+                  "overlap": json.loads(overlap.to_json(orient="records"))}))
+"""
+
+
+def _open(path: Path):
+    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
+
+
+def _uncompressed_mb(path: Path) -> float:
+    with _open(path) as fh:
+        return sum(len(chunk) for chunk in iter(lambda: fh.read(1 << 24), "")) / 2**20
+
+
+def _shifted(event: dict, k: int, period: float, id_stride: int, step_stride: int) -> dict:
+    e = dict(event)
+    if isinstance(e.get("ts"), (int, float)):
+        e["ts"] = e["ts"] + k * period
+    if e.get("ph") in ("s", "f", "t") and isinstance(e.get("id"), int):
+        e["id"] = e["id"] + k * id_stride
+    name = e.get("name")
+    if isinstance(name, str) and name.startswith("ProfilerStep#") and name[13:].isdigit():
+        e["name"] = f"ProfilerStep#{int(name[13:]) + k * step_stride}"
+    args = e.get("args")
+    if isinstance(args, dict):
+        e["args"] = {
+            a: (v + k * id_stride if a in ID_KEYS and isinstance(v, int) and v >= 0 else v) for a, v in args.items()
+        }
+    return e
+
+
+def tile(source: Path, target: Path, copies: int) -> None:
+    """Write `source` with its events repeated `copies` times, shifted in time and ids (see the module doc)."""
+    with _open(source) as fh:
+        doc = json.load(fh)
+    events = doc.pop("traceEvents")
+    timed = [e for e in events if e.get("ph") != "M" and isinstance(e.get("ts"), (int, float))]
+    start = min(e["ts"] for e in timed)
+    end = max(e["ts"] + float(e.get("dur", 0) or 0) for e in timed)
+    period = end - start + 1000.0
+    ids = [v for e in events for a, v in (e.get("args") or {}).items() if a in ID_KEYS and isinstance(v, int)]
+    ids += [e["id"] for e in events if isinstance(e.get("id"), int)]
+    id_stride = max(ids, default=0) + 1
+    steps = [int(e["name"][13:]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    step_stride = max(steps, default=0) - min(steps, default=0) + 1
+    with gzip.open(target, "wt", encoding="utf-8", compresslevel=1) as out:
+        head = json.dumps(doc, indent=2)[:-2]
+        out.write(head + ',\n  "traceEvents": [\n')
+        first = True
+        for k in range(copies):
+            for event in events:
+                if k and event.get("ph") == "M":
+                    continue
+                out.write(("" if first else ",\n") + json.dumps(_shifted(event, k, period, id_stride, step_stride)))
+                first = False
+        out.write("\n  ]\n}\n")
+
+
+def large_traces(trace_dir: Path, min_mb: float, work: Path) -> Path:
+    files = sorted(p for p in trace_dir.iterdir() if p.name.endswith((".json", ".json.gz")))
+    sizes = {p: _uncompressed_mb(p) for p in files}
+    if min(sizes.values()) >= min_mb:
+        print(f"traces as captured: {', '.join(f'{p.name} {s:.0f} MB' for p, s in sizes.items())}")
+        return trace_dir
+    out = work / "tiled"
+    out.mkdir()
+    for p, size in sizes.items():
+        copies = max(1, -(-int(min_mb) // max(1, int(size))))
+        tile(p, out / p.name.replace(".json.gz", ".json").replace(".json", ".json.gz"), copies)
+        print(f"tiled {p.name}: {size:.1f} MB x {copies} = {size * copies:.0f} MB uncompressed")
+    return out
+
+
+def _tree_rss_kib(pid: int) -> int:
+    """RSS of a process and its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/statm") as fh:
+                rss[int(entry)] = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += rss.get(p, 0)
+        todo += children.get(p, [])
+    return total
+
+
+def run_child(python: str, code: str, trace_dir: Path, env: dict[str, str]) -> dict:
+    proc = subprocess.Popen(
+        [python, "-c", code, str(trace_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+    )
+    peak = [0]
+
+    def sample() -> None:
+        while proc.poll() is None:
+            peak[0] = max(peak[0], _tree_rss_kib(proc.pid))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
+    sampler.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"{python} failed:\n{err[-3000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["peak_kib"] = max(result["maxrss_kib"], peak[0])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trace_dir", type=Path)
+    parser.add_argument("--hta-python", default="/tmp/hta-venv/bin/python")
+    parser.add_argument(
+        "--min-mb", type=float, default=100.0, help="tile traces smaller than this (uncompressed, per rank)"
+    )
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with tempfile.TemporaryDirectory(prefix="bench-traces-") as tmp:
+        traces = large_traces(args.trace_dir, args.min_mb, Path(tmp))
+        runs = {"forensics": [], "HTA": []}
+        for _ in range(args.repeat):
+            runs["forensics"].append(run_child(sys.executable, FORENSICS_CHILD, traces, env))
+            runs["HTA"].append(run_child(args.hta_python, HTA_CHILD, traces, {**os.environ}))
+    summary = {}
+    for tool, results in runs.items():
+        summary[tool] = (statistics.median(r["seconds"] for r in results), max(r["peak_kib"] for r in results) / 1024)
+        print(
+            f"{tool:>9}: {summary[tool][0]:7.2f} s (median of {args.repeat})   peak memory {summary[tool][1]:8.0f} MiB"
+        )
+    print(f"forensics breakdown (ms): {json.dumps(runs['forensics'][0]['breakdown'])}")
+    print(f"forensics straggler: {runs['forensics'][0]['straggler']}")
+    print(f"HTA temporal breakdown: {json.dumps(runs['HTA'][0]['breakdown'])}")
+    print(f"HTA comm/comp overlap: {json.dumps(runs['HTA'][0]['overlap'])}")
+    (ft, fm), (ht, hm) = summary["forensics"], summary["HTA"]
+    print(f"ratio HTA/forensics: time {ht / ft:.1f}x   peak memory {hm / fm:.1f}x   (goal: >= 5x and >= 5x)")
+
+
+if __name__ == "__main__":
+    main()
