@@ -40,7 +40,8 @@ t = time.perf_counter()
 a = analyze([Path(sys.argv[1])])
 seconds = time.perf_counter() - t
 rows = {d["label"]: d["breakdown_ms"] for d in a.traces.get("devices", [])}
-print(json.dumps({"seconds": seconds, "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"seconds": seconds, "cpu_seconds": ru.ru_utime + ru.ru_stime, "maxrss_kib": ru.ru_maxrss,
                   "breakdown": rows, "straggler": (a.traces.get("straggler") or {}).get("label")}))
 """
 
@@ -53,8 +54,9 @@ analyzer = TraceAnalysis(trace_dir=sys.argv[1])
 breakdown = analyzer.get_temporal_breakdown(visualize=False)
 overlap = analyzer.get_comm_comp_overlap(visualize=False)
 seconds = time.perf_counter() - t
-usage = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-print(json.dumps({"seconds": seconds, "maxrss_kib": usage,
+own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"seconds": seconds, "maxrss_kib": max(own.ru_maxrss, kids.ru_maxrss),
+                  "cpu_seconds": own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime,
                   "breakdown": json.loads(breakdown.to_json(orient="records")),
                   "overlap": json.loads(overlap.to_json(orient="records"))}))
 """
@@ -199,8 +201,11 @@ def main() -> None:
     print(f"forensics straggler: {runs['forensics'][0]['straggler']}")
     print(f"HTA temporal breakdown: {json.dumps(runs['HTA'][0]['breakdown'])}")
     print(f"HTA comm/comp overlap: {json.dumps(runs['HTA'][0]['overlap'])}")
-    (ft, fm), (ht, hm) = summary["forensics"], summary["HTA"]
-    print(f"ratio HTA/forensics: time {ht / ft:.1f}x   peak memory {hm / fm:.1f}x   (goal: >= 5x and >= 5x)")
+    (ft, fc, fm), (ht, hc, hm) = summary["forensics"], summary["HTA"]
+    print(
+        f"ratio HTA/forensics: wall time {ht / ft:.1f}x, CPU time {hc / fc:.1f}x, peak memory {hm / fm:.1f}x "
+        "(goal: >= 5x for time and memory)"
+    )
 
 
 if __name__ == "__main__":

@@ -74,6 +74,7 @@ def test_slow_rank_capture_names_rank_1_from_traces_alone():
     assert finding.evidence[0].file.startswith("rank1.") and "compute 73." in finding.evidence[0].text
     assert finding.evidence[1].file.startswith("rank0.")
     assert a.verdict.status == "degraded" and a.verdict.root_cause is finding
+    assert finding.explanation.startswith("rank 1 computes 32.")
     assert a.environment["nccl_latency_ms"] == pytest.approx(3.8, abs=0.1)
 
 

@@ -255,7 +255,7 @@ def diagnose(events: pl.DataFrame, findings: list[Finding], step_marks: list[tup
     pool = serious or independent or findings
     root = min(pool, key=lambda f: (_sort_key(f), -severity_rank(f.severity)))
     status = "failed" if severity_rank(root.severity) >= severity_rank("error") else "degraded"
-    explanation: list[str] = []
+    explanation: list[str] = [root.explanation] if root.explanation else []  # a detector may explain its own finding
     if root.cls in ("nccl_timeout", "hang", "collective_mismatch"):
         suspect, why = _watchdog_suspect(events)
         if suspect is not None:

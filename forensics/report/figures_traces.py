@@ -52,7 +52,9 @@ def nccl_figure(traces: dict[str, Any]) -> go.Figure | None:
         values = [sum(n["total_ms"] for n in d["nccl"] if n["op"] == op) / _scale(d, basis) for d in devices]
         fig.add_trace(go.Bar(name=op, x=[d["label"] for d in devices], y=values))
     unit = "ms per step" if basis == "per step" else "ms over the profiled window"
-    fig.update_layout(title="NCCL kernel time by rank and collective", barmode="stack", yaxis_title=unit, **_LAYOUT)
+    fig.update_layout(
+        title="NCCL kernel time by rank and collective", barmode="stack", yaxis_title=unit, showlegend=True, **_LAYOUT
+    )
     return fig
 
 
