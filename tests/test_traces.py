@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -11,14 +13,20 @@ import pytest
 
 from forensics.analyses.traces import find_straggler, rank_units
 from forensics.analyze import analyze
+from forensics.model import Analysis
 from forensics.report.html import render_html
 from forensics.run import discover
-from forensics.sources.base import Sink
+from forensics.sources.base import FileResult, Sink
 from forensics.sources.gputrace import EXTRAS_KEY
 from forensics.sources.kineto import FILE_SOURCES
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"
 READ = FILE_SOURCES[0].read
+
+
+@pytest.fixture(scope="module")
+def slow_rank() -> Analysis:
+    return analyze([TRACES / "trace_slow_rank"])
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -37,6 +45,12 @@ def _trace_file(scenario: str, rank: int) -> Path:
     return path
 
 
+@functools.cache
+def _read(scenario: str, rank: int) -> FileResult:
+    path = _trace_file(scenario, rank)
+    return READ(path, path.name, Sink())
+
+
 def test_reader_matches_a_plain_json_reading_of_the_same_file():
     path = _trace_file("trace_slow_rank", 1)
     doc = json.loads(gzip.decompress(path.read_bytes()))
@@ -47,7 +61,7 @@ def test_reader_matches_a_plain_json_reading_of_the_same_file():
     compute = [(s, e) for s, e, ev in ns if ev["cat"] == "kernel" and not ev["name"].startswith("nccl")]
     everything = [(s, e) for s, e, _ in ns]
 
-    result = READ(path, path.name, Sink())
+    result = _read("trace_slow_rank", 1)
     assert result.warnings == []
     (device,) = result.extras[EXTRAS_KEY].devices
     assert (device.rank, device.device, device.steps) == (1, 1, 2)
@@ -63,8 +77,8 @@ def test_reader_matches_a_plain_json_reading_of_the_same_file():
     assert result.environment["nccl_version"] == "2.28.9"
 
 
-def test_slow_rank_capture_names_rank_1_from_traces_alone():
-    a = analyze([TRACES / "trace_slow_rank"])
+def test_slow_rank_capture_names_rank_1_from_traces_alone(slow_rank: Analysis):
+    a = slow_rank
     st = a.traces["straggler"]
     assert st["rank"] == 1 and st["basis"] == "per step"
     assert st["own_compute_ms"] > 1.5 * st["others_compute_ms"]  # rank 1 runs 30 extra 8192² matmuls a step
@@ -89,14 +103,10 @@ def test_healthy_capture_names_no_straggler():
 
 def test_straggler_needs_the_others_to_wait():
     """More compute on one rank that the others do not wait for (no NCCL rise) is not a straggler."""
-    files = []
-    for rank in (0, 1):
-        path = _trace_file("trace_slow_rank", rank)
-        files.append(READ(path, path.name, Sink()).extras[EXTRAS_KEY])
-    units, _ = rank_units(files)
+    units, _ = rank_units([_read("trace_slow_rank", rank).extras[EXTRAS_KEY] for rank in (0, 1)])
     assert find_straggler(units).unit.rank == 1
-    units[0].comm_ns = units[1].comm_ns
-    assert find_straggler(units) is None
+    no_wait = [replace(units[0], comm_ns=units[1].comm_ns), units[1]]
+    assert find_straggler(no_wait) is None
 
 
 def test_trace_without_rank_warns_and_is_never_rank_0(tmp_path: Path):
@@ -123,10 +133,9 @@ def test_truncated_gzip_gives_partial_results_and_a_warning(tmp_path: Path):
     assert "ends inside" in " ".join(result.warnings) or "reading stopped early" in " ".join(result.warnings)
 
 
-def test_discovery_and_html_report():
+def test_discovery_and_html_report(slow_rank: Analysis):
     run = discover([TRACES / "trace_slow_rank"])
     assert {f.kind for f in run.files} == {"kineto_trace"}
-    a = analyze([TRACES / "trace_slow_rank"])
-    html = render_html(a)
+    html = render_html(slow_rank)
     assert "Straggler: rank 1" in html and 'id="plot-traces-breakdown"' in html
     assert "ncclDevKernel_AllReduce_Sum_f32_RING_LL" in html  # the NCCL kernel in the top-kernels table
