@@ -193,9 +193,14 @@ def main() -> None:
             runs["HTA"].append(run_child(args.hta_python, HTA_CHILD, traces, {**os.environ}))
     summary = {}
     for tool, results in runs.items():
-        summary[tool] = (statistics.median(r["seconds"] for r in results), max(r["peak_kib"] for r in results) / 1024)
+        summary[tool] = (
+            statistics.median(r["seconds"] for r in results),
+            statistics.median(r["cpu_seconds"] for r in results),
+            max(r["peak_kib"] for r in results) / 1024,
+        )
+        wall, cpu, peak = summary[tool]
         print(
-            f"{tool:>9}: {summary[tool][0]:7.2f} s (median of {args.repeat})   peak memory {summary[tool][1]:8.0f} MiB"
+            f"{tool:>9}: {wall:7.2f} s wall, {cpu:7.2f} s CPU (medians of {args.repeat})   peak memory {peak:6.0f} MiB"
         )
     print(f"forensics breakdown (ms): {json.dumps(runs['forensics'][0]['breakdown'])}")
     print(f"forensics straggler: {runs['forensics'][0]['straggler']}")

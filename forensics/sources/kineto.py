@@ -45,7 +45,7 @@ from forensics.sources.gputrace import (
 from forensics.textio import open_binary
 
 SOURCE = "kineto"
-CHUNK_BYTES = 4 * 1024 * 1024  # larger chunks are not faster, only bigger in memory
+CHUNK_BYTES = 1024 * 1024  # larger chunks are not faster, only bigger in memory (measured: 4 MiB +35 MiB)
 MAX_ELEMENT_BYTES = 256 * 1024 * 1024  # one event larger than this means the file is not a trace
 MAX_TAIL_BYTES = 16 * 1024 * 1024  # the keys after `traceEvents` are a few short values
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset")
