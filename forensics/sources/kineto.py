@@ -1,10 +1,10 @@
 """PyTorch profiler (Kineto) traces, `*.pt.trace.json[.gz]`, one per rank: where each GPU's time went.
 
 A trace of a few training steps is hundreds of MB of pretty-printed JSON, most of it CPU operators. It
-is never parsed whole: the bytes stream through in chunks; a vectorised scan (numpy over the raw bytes:
-quotes, escapes, bracket depth) finds the elements of `traceEvents` and turns each chunk into
-newline-delimited JSON that polars parses in Rust with only the fields needed; CPU operators are dropped
-chunk by chunk, so memory holds the GPU activity (a few dozen bytes per kernel) and one chunk.
+is never parsed whole: the bytes stream through in 1 MiB chunks; a vectorised scan (numpy over the raw
+bytes: quotes, escapes, bracket depth) finds the elements of `traceEvents` and puts one per line; only
+the lines of GPU events and `ProfilerStep#N` are decoded, by polars in Rust and with only the fields
+needed. Memory holds one chunk and the GPU activity (a few dozen bytes per kernel), whatever the size.
 
 Format (reference §5): GPU events have `pid` = device, `ts`/`dur` in µs from `baseTimeNanoseconds`;
 the rank is `distributedInfo.rank` — a trace without it is never silently rank 0.
