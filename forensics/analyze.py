@@ -106,7 +106,7 @@ def analyze(
     findings = build_findings(events, by_id, file_order)
     findings += flight_recorder_findings(extras.get("flight_recorder", []))
     findings = add_detector_findings(findings, detect(series, events, marks, file_order, environment, config, warnings))
-    traces = review_traces([results[rf.rel][2] for rf in run.files], file_order, findings, environment, warnings)
+    traces = review_traces(extras, file_order, findings, environment, warnings)
     verdict = diagnose(events, findings, marks)
     ray = ray_report(events, verdict)
     timings["diagnose"] = time.perf_counter() - t2

@@ -16,7 +16,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 from forensics.model import Evidence, Finding
-from forensics.sources.base import FileResult
 from forensics.sources.gputrace import EXTRAS_KEY, DeviceTrace, TraceFile
 
 RULE_ID = "trace-straggler"
@@ -32,10 +31,6 @@ REMEDIATION = (
     "benchmark or `nvidia-smi dmon`) before blaming the job.",
 )
 _FAR = datetime(9999, 1, 1, tzinfo=timezone.utc)
-
-
-def trace_files(results: list[FileResult]) -> list[TraceFile]:
-    return [r.extras[EXTRAS_KEY] for r in results if isinstance(r.extras.get(EXTRAS_KEY), TraceFile)]
 
 
 def rank_units(files: list[TraceFile]) -> tuple[list[DeviceTrace], list[str]]:
@@ -165,14 +160,14 @@ def nccl_latency_ms(units: list[DeviceTrace]) -> float | None:
 
 
 def review_traces(
-    results: list[FileResult],
+    extras: dict[str, list[Any]],
     file_order: dict[str, int],
     findings: list[Finding],
     environment: dict[str, Any],
     warnings: list[str],
 ) -> dict[str, Any]:
     """The hook in analyze: adds the straggler finding, `nccl_latency_ms` and warnings; returns `traces`."""
-    files = trace_files(results)
+    files = [f for f in extras.get(EXTRAS_KEY, []) if isinstance(f, TraceFile)]
     if not files:
         return {}
     units, duplicates = rank_units(files)
