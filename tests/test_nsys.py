@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from forensics.analyze import analyze
+from forensics.report.html import render_html
+from forensics.report.json_report import to_json_dict
 from forensics.run import discover
 from forensics.sources.base import Sink
 from forensics.sources.gputrace import EXTRAS_KEY, TraceFile
@@ -165,3 +168,14 @@ def test_damaged_and_foreign_sqlite_give_warnings_not_tracebacks(nsys_dir: Path,
     with sqlite3.connect(foreign) as conn:
         conn.execute("CREATE TABLE t (x)")
     assert READ(foreign, foreign.name, Sink()).note == "SQLite database without Nsight Systems tables"
+
+
+def test_analysis_and_report_of_the_corpus_folder(nsys_dir: Path):
+    a = analyze([nsys_dir])
+    doc = to_json_dict(a)
+    devices = {d["file"]: d for d in doc["traces"]["devices"]}
+    assert devices["saxpy-mpi-cuda_nsys_perlmutter0.sqlite"]["kernels"] == 5
+    assert devices["perlmutter-cloverleaf-cuda.sqlite"]["kernels"] == 1312
+    assert doc["traces"]["straggler"] is None and "nccl_latency_ms" not in a.environment  # no NCCL kernels
+    html = render_html(a)
+    assert "saxpy(double *, double *, double *, double, int)" in html and "MPI_Init" in html
