@@ -5,9 +5,11 @@
 TRACE_DIR holds one `*.pt.trace.json[.gz]` per rank. HTA is not a dependency of forensics: install it in a
 separate environment (`python -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install HolisticTraceAnalysis`).
 Each tool runs in its own subprocess, `--repeat` times; the median time is reported. Peak memory is the
-largest of the child's `ru_maxrss` and the summed RSS of its process tree sampled from /proc (HTA parses
-ranks in worker processes). HTA computes its temporal breakdown and comm/comp overlap; forensics runs
-`analyze` on the folder (discovery, every reader, rules, trace review), the path a user takes.
+larger of the child's own high-water mark (VmHWM; not `ru_maxrss`, which Linux carries over exec from the
+forking parent, here the bench holding the tiled traces) and the summed proportional set size of its
+process tree sampled every 20 ms from /proc (HTA parses ranks in worker processes). HTA computes its
+temporal breakdown and comm/comp overlap; forensics runs `analyze` on the folder (discovery, every reader,
+rules, detectors, checks, trace review), the path a user takes.
 
 Traces smaller than --min-mb (uncompressed) per rank are first made larger, deterministically, by tiling:
 each rank's events are repeated with timestamps shifted by the trace's span (plus 1 ms), with
@@ -18,6 +20,7 @@ unique; metadata events are kept once. Both tools then read the same tiled files
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -36,12 +39,14 @@ FORENSICS_CHILD = """
 import json, resource, sys, time
 from pathlib import Path
 from forensics.analyze import analyze
+def vm_hwm_kib():
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
 t = time.perf_counter()
 a = analyze([Path(sys.argv[1])])
 seconds = time.perf_counter() - t
 rows = {d["label"]: d["breakdown_ms"] for d in a.traces.get("devices", [])}
 ru = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"seconds": seconds, "cpu_seconds": ru.ru_utime + ru.ru_stime, "maxrss_kib": ru.ru_maxrss,
+print(json.dumps({"seconds": seconds, "cpu_seconds": ru.ru_utime + ru.ru_stime, "hwm_kib": vm_hwm_kib(),
                   "breakdown": rows, "straggler": (a.traces.get("straggler") or {}).get("label")}))
 """
 
@@ -49,13 +54,15 @@ HTA_CHILD = """
 import json, logging, resource, sys, time
 logging.disable(logging.WARNING)
 from hta.trace_analysis import TraceAnalysis
+def vm_hwm_kib():
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
 t = time.perf_counter()
 analyzer = TraceAnalysis(trace_dir=sys.argv[1])
 breakdown = analyzer.get_temporal_breakdown(visualize=False)
 overlap = analyzer.get_comm_comp_overlap(visualize=False)
 seconds = time.perf_counter() - t
 own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-print(json.dumps({"seconds": seconds, "maxrss_kib": max(own.ru_maxrss, kids.ru_maxrss),
+print(json.dumps({"seconds": seconds, "hwm_kib": vm_hwm_kib(),
                   "cpu_seconds": own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime,
                   "breakdown": json.loads(breakdown.to_json(orient="records")),
                   "overlap": json.loads(overlap.to_json(orient="records"))}))
@@ -126,29 +133,32 @@ def large_traces(trace_dir: Path, min_mb: float, work: Path) -> Path:
     for p, size in sizes.items():
         copies = max(1, -(-int(min_mb) // max(1, int(size))))
         tile(p, out / p.name.replace(".json.gz", ".json").replace(".json", ".json.gz"), copies)
-        print(f"tiled {p.name}: {size:.1f} MB x {copies} = {size * copies:.0f} MB uncompressed")
+        print(f"tiled {p.name}: {size:.1f} MB x {copies} = {size * copies:.1f} MB uncompressed")
     return out
 
 
-def _tree_rss_kib(pid: int) -> int:
-    """RSS of a process and its descendants, from /proc."""
+def _pss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("Pss:"))
+
+
+def _tree_pss_kib(pid: int) -> int:
+    """Proportional set size of a process and its descendants (HTA's parser workers), from /proc."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as fh:
                 ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/statm") as fh:
-                rss[int(entry)] = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(ppid, []).append(int(entry))
     total, todo = 0, [pid]
     while todo:
         p = todo.pop()
-        total += rss.get(p, 0)
+        with contextlib.suppress(OSError, StopIteration, ValueError):  # the process may have just ended
+            total += _pss_kib(p)
         todo += children.get(p, [])
     return total
 
@@ -161,7 +171,7 @@ def run_child(python: str, code: str, trace_dir: Path, env: dict[str, str]) -> d
 
     def sample() -> None:
         while proc.poll() is None:
-            peak[0] = max(peak[0], _tree_rss_kib(proc.pid))
+            peak[0] = max(peak[0], _tree_pss_kib(proc.pid))
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -171,7 +181,7 @@ def run_child(python: str, code: str, trace_dir: Path, env: dict[str, str]) -> d
     if proc.returncode != 0:
         raise SystemExit(f"{python} failed:\n{err[-3000:]}")
     result = json.loads(out.strip().splitlines()[-1])
-    result["peak_kib"] = max(result["maxrss_kib"], peak[0])
+    result["peak_kib"] = max(result["hwm_kib"], peak[0])
     return result
 
 
