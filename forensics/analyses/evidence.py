@@ -188,6 +188,8 @@ def _oom_text(b: OomBudget, case: str) -> str:
     if b.others:
         facts.append(f"other processes on the GPU held {_fmt(b.others)}")
     text = parts[0] + (": " + "; ".join(facts) if facts else "") + ". "
+    if b.capacity and b.tried >= 0.1 * b.capacity:
+        text += f"One request of {100 * b.tried / b.capacity:.0f}% of the GPU means a large micro-batch or sequence. "
     return (
         text
         + {
@@ -232,6 +234,13 @@ def _peak_text(series: pl.DataFrame, capacity: float | None) -> str:
 def explain_cuda_oom(finding: Finding, series: pl.DataFrame) -> None:
     budget = next((b for b in (parse_oom(e.text) for e in finding.evidence) if b), None)
     if budget is None:
+        if any("cumem_allocator" in e.text for e in finding.evidence):
+            finding.fields["oom_case"] = "rollout_wake_up"
+            finding.explanation = (
+                "vLLM's sleep-mode allocator (cumem) could not map the rollout engine's memory back when it woke "
+                "up: the trainer's weights, gradients or optimizer state still occupy the GPU at that moment."
+            )
+            finding.remediation = _promote(finding.remediation, "gpu_memory_utilization")
         return
     case = oom_case(budget)
     finding.fields["oom_case"] = case
@@ -470,7 +479,7 @@ def explain_shape_mismatch(finding: Finding) -> None:
 
 RAY_TASK_ERROR = re.compile(
     r"RayTaskError\((?P<cause>[\w.]+)\): (?:\x1b\[\d+m)?ray::(?P<task>[\w.<>]+)\(\)(?:\x1b\[\d+m)? "
-    r"\(pid=(?P<pid>\d+), ip=(?P<ip>[\d.]+)"
+    r"\(pid=(?P<pid>\d+), ip=(?P<ip>[^,)\s]+)"
 )
 
 
@@ -520,6 +529,26 @@ def explain_actor_death(finding: Finding) -> None:
 
 
 # --- entry point ----------------------------------------------------------------------------------------
+
+
+NETWORK_TROUBLE = re.compile(
+    r"No route to host|Connection refused|connection abort|Connection reset|Connection closed|Network is unreachable|"
+    r"timed out|Broken pipe|exceeded (?:error )?retry count|Address family not supported|Cannot assign requested"
+)
+
+
+def explain_nccl_error(finding: Finding) -> None:
+    """Quote NCCL's "Last error" and say when it points at the network path between hosts."""
+    last = finding.fields.get("last_error")
+    if not isinstance(last, str):
+        return
+    finding.explanation = f"NCCL's last error: {last.strip()}."
+    if NETWORK_TROUBLE.search(last):
+        finding.explanation += (
+            " A socket connection between ranks failed: usually NCCL picked an interface the peers cannot reach "
+            "(docker0, a virtual or IPv6 link-local address) or a firewall blocks it."
+        )
+        finding.remediation = _promote(finding.remediation, "NCCL_SOCKET_IFNAME")
 
 
 def explain_xid(finding: Finding) -> None:
@@ -578,6 +607,8 @@ def read_evidence(finding: Finding, series: pl.DataFrame) -> None:
         explain_actor_death(finding)
     elif finding.cls in ("gpu_hardware", "cuda_error"):
         explain_xid(finding)
+    elif finding.cls == "nccl_error":
+        explain_nccl_error(finding)
     elif finding.cls == "process_killed":
         explain_process_killed(finding, series)
     elif finding.cls == "host_oom":
