@@ -35,6 +35,9 @@ class RankWait:
     last_enqueued: int | None = None
     last_completed: int | None = None
     stall_start: datetime | None = None
+    first_timeout: datetime | None = None  # when its watchdog first fired
+    first_seq: int | None = None  # and in which collective
+    timeout_ms: int | None = None
     evidence: list[Evidence] = field(default_factory=list)
 
 
@@ -66,6 +69,9 @@ def rank_waits(events: pl.DataFrame) -> dict[int, RankWait]:
             if row["ts"] is not None and fields.get("ran_ms") is not None:
                 start = row["ts"] - timedelta(milliseconds=int(fields["ran_ms"]))
                 w.stall_start = min(w.stall_start or start, start)
+            if row["ts"] is not None and (w.first_timeout is None or row["ts"] < w.first_timeout):
+                w.first_timeout, w.first_seq = row["ts"], int(fields["seq"])
+                w.timeout_ms = fields.get("timeout_ms")
         if fields.get("last_enqueued") is not None:
             w.last_enqueued = max(w.last_enqueued if w.last_enqueued is not None else -1, fields["last_enqueued"])
             w.last_completed = max(
@@ -106,11 +112,40 @@ def _host_of(events: pl.DataFrame, rank: int) -> str | None:
     return hosts[0] if len(hosts) else None
 
 
+def late_joiners(waits: dict[int, RankWait]) -> tuple[list[int], str]:
+    """Ranks whose watchdog fired well after the first one, in a later collective: they joined the first
+    rank's collective late (stuck elsewhere), and timed out only once the first rank had given up."""
+    timed = sorted((w.first_timeout, r) for r, w in waits.items() if w.first_timeout and w.first_seq is not None)
+    if len(timed) < 2:
+        return [], ""
+    t0, r0 = timed[0]
+    first = waits[r0]
+    window = timedelta(milliseconds=max(10_000, 0.25 * (first.timeout_ms or 0)))
+    early = [r for t, r in timed if t - t0 <= window]
+    late = [r for t, r in timed if t - t0 > window and waits[r].first_seq > (first.first_seq or 0)]
+    if not late:
+        return [], ""
+    gap = (waits[late[0]].first_timeout - t0).total_seconds()
+    seqs = sorted({waits[r].first_seq for r in late})
+    why = (
+        f"rank(s) {early} timed out first ({t0:%H:%M:%S}) waiting in collective {first.first_seq}; rank(s) {late} "
+        f"timed out only {gap:.0f} s later, in collective(s) {seqs} beyond it: they reached collective "
+        f"{first.first_seq} late (stuck elsewhere - data loading, a long CPU step, a slow GPU) and then waited for "
+        f"rank(s) {early}, which had already given up"
+    )
+    return late, why
+
+
 def judge_ranks(events: pl.DataFrame, waits: dict[int, RankWait]) -> RankVerdict:
     """Which rank the others waited for, or why the logs cannot tell."""
     if not waits:
         return RankVerdict(None, None, "")
     notes: list[str] = []
+    late, why = late_joiners(waits)
+    if late:
+        suspect = late[0] if len(late) == 1 else None
+        host = _host_of(events, suspect) if suspect is not None else None
+        return RankVerdict(suspect, host, why + ".", late)
     starts = sorted((w.stall_start, r) for r, w in waits.items() if w.stall_start is not None)
     if starts:
         first, rank = starts[0]

@@ -19,7 +19,7 @@ from typing import Any
 import polars as pl
 
 from forensics.analyses.collectives import judge_ranks, op_mismatches, rank_waits
-from forensics.analyses.evidence import read_evidence
+from forensics.analyses.evidence import explain_collective_mismatch, read_evidence
 from forensics.model import Evidence, Finding, Symptom, Verdict, empty_series, severity_rank
 from forensics.rules.model import Rule
 
@@ -183,15 +183,18 @@ def _innermost(occ: _Occurrence) -> int:
     return 0 if occ.fields.get("exception") not in WRAPPER_EXCEPTIONS else 1
 
 
-def _unknown_crash_allowed(findings: list[Finding]) -> bool:
-    """No finding is serious, or every serious one is a consequence that an unrecognised crash could explain."""
-    serious = [f for f in findings if severity_rank(f.severity) >= severity_rank("error")]
-    return all("unknown_crash" in f.symptom_of for f in serious)
+def _serious(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if severity_rank(f.severity) >= severity_rank("error")]
 
 
 def _unknown_crash(events: pl.DataFrame, findings: list[Finding], file_order: dict[str, int]) -> list[Finding]:
-    """When no rule explains a failure, the first real exception (innermost, else a non-zero exit) is the lead."""
-    if not _unknown_crash_allowed(findings):
+    """When no rule explains a failure, the first real exception (innermost, else a non-zero exit) is the lead.
+
+    Beside serious findings that are only consequences (every one lists unknown_crash in symptom_of), only an
+    exception can be their cause; a bare non-zero exit is then one of the consequences too.
+    """
+    serious = _serious(findings)
+    if not all("unknown_crash" in f.symptom_of for f in serious):
         return []
     failures = events.filter(pl.col("kind").is_in(["exception", "torchrun_failure", "torchrun_child_failed"]))
     exceptions: list[_Occurrence] = []
@@ -207,7 +210,7 @@ def _unknown_crash(events: pl.DataFrame, findings: list[Finding], file_order: di
                 exceptions.append(occ)
         elif occ.fields.get("exitcode", 1) != 0:
             exits.append(occ)
-    pool = exceptions or exits
+    pool = exceptions or ([] if serious else exits)
     if not pool:
         return []
     best = min(pool, key=lambda o: (_innermost(o), *_occ_key(o)))
@@ -239,6 +242,8 @@ def _explains(cause: Finding, effect: Finding) -> bool:
     """Whether `cause` explains `effect` (effect lists cause's class, and not the other way round earlier)."""
     if cause is effect or cause.cls not in effect.symptom_of:
         return False
+    if cause.cls == "unknown_crash" and _sort_key(cause) > _sort_key(effect):
+        return False  # an unrecognised exception cannot explain what happened before it
     if effect.cls in cause.symptom_of:  # mutual: the earlier one is the cause
         return _sort_key(cause) <= _sort_key(effect)
     return True
@@ -269,9 +274,10 @@ def _torchrun_note(events: pl.DataFrame, root: Finding) -> str:
     named = events.filter(pl.col("kind") == "torchrun_failure")
     for row in named.iter_rows(named=True):
         fields = json.loads(row["fields"] or "{}")
-        if fields.get("torchrun_root_cause") and row["rank"] is not None and row["rank"] != root.rank:
+        named = row["rank"]
+        if fields.get("torchrun_root_cause") and named is not None and root.rank is not None and named != root.rank:
             return (
-                f"torchrun's summary names rank {row['rank']} (exit code {fields.get('exitcode')}) as the first "
+                f"torchrun's summary names rank {named} (exit code {fields.get('exitcode')}) as the first "
                 f"observed failure; that rank only exited first — it is a symptom."
             )
     return ""
@@ -337,7 +343,10 @@ def diagnose(
     pool = serious or independent or findings
     root = min(pool, key=lambda f: (_sort_key(f), -severity_rank(f.severity)))
     status = "failed" if severity_rank(root.severity) >= severity_rank("error") else "degraded"
-    if root.cls in CROSS_RANK_CLASSES and root.rule != "collective-op-mismatch":
+    if root.cls == "collective_mismatch" and root.rule != "collective-op-mismatch":
+        reports = [e.text for f in findings if f.cls == "collective_mismatch" for e in f.evidence]
+        explain_collective_mismatch(root, reports)
+    elif root.cls in CROSS_RANK_CLASSES and root.rule != "collective-op-mismatch":
         _cross_rank(events, root)
     note = _torchrun_note(events, root)
     if note:

@@ -15,6 +15,7 @@ case comes first:
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -87,6 +88,7 @@ class OomBudget:
     gpu: int | None = None
 
 
+CONTEXT_OVERHEAD_GIB = 2.0
 OOM_TRIED = re.compile(r"Tried to allocate " + SIZE)
 OOM_TOTAL = re.compile(r"GPU (\d+) has a total capac\w+ of " + SIZE + r" of which " + SIZE + r" is free")
 OOM_OLD = re.compile(
@@ -153,6 +155,7 @@ def oom_case(b: OomBudget) -> str:
         return "refused_while_free"
     reserved = (b.allocated or 0.0) + (b.unused_reserved or 0.0)
     outside = b.this_process - reserved if b.this_process is not None else 0.0
+    outside -= max(CONTEXT_OVERHEAD_GIB, 0.03 * (b.capacity or 0.0))  # CUDA context, cuBLAS, NCCL: always there
     levers = {
         "fragmentation": b.unused_reserved or 0.0,
         "other_process": b.others,
@@ -162,6 +165,7 @@ def oom_case(b: OomBudget) -> str:
     return max(covering, key=lambda k: covering[k]) if covering else "exhaustion"
 
 
+EXHAUSTION = "True exhaustion: the tensors of this step do not fit; make the step smaller."
 OOM_PROMOTE = {
     "exhaustion": "ppo_micro_batch_size_per_gpu",
     "fragmentation": "expandable_segments",
@@ -193,7 +197,7 @@ def _oom_text(b: OomBudget, case: str) -> str:
     return (
         text
         + {
-            "exhaustion": "True exhaustion: the tensors of this step do not fit; make the step smaller.",
+            "exhaustion": EXHAUSTION,
             "fragmentation": (
                 "Fragmentation: the cache holds enough free memory, but not in one piece; "
                 "expandable segments let it be reused."
@@ -215,20 +219,59 @@ def _oom_text(b: OomBudget, case: str) -> str:
     )
 
 
-def _peak_text(series: pl.DataFrame, capacity: float | None) -> str:
-    """How close earlier steps came to the capacity, from verl's perf/max_memory_allocated_gb."""
+def _step_peaks(series: pl.DataFrame) -> pl.DataFrame:
+    """verl's perf/max_memory_allocated_gb per step (max over ranks and sources), in step order."""
     if series.is_empty():
-        return ""
-    peaks = series.filter(pl.col("metric").str.ends_with("max_memory_allocated_gb") & pl.col("value").is_finite())
+        return pl.DataFrame(schema={"step": pl.Int64, "value": pl.Float64})
+    return (
+        series.filter(
+            pl.col("metric").str.ends_with("max_memory_allocated_gb")
+            & pl.col("value").is_finite()
+            & pl.col("step").is_not_null()
+        )
+        .group_by("step")
+        .agg(pl.col("value").max())
+        .sort("step")
+    )
+
+
+def memory_trend(peaks: pl.DataFrame) -> str | None:
+    """growing: the per-step peak rises step after step (a leak); None when it does not."""
+    if peaks.height < 4:
+        return None
+    values = peaks["value"].to_list()
+    rises = sum(1 for a, b in itertools.pairwise(values) if b > a + 0.01 * max(values))
+    if rises >= 0.7 * (len(values) - 1) and values[-1] - values[0] >= max(1.0, 0.2 * max(values)):
+        return "growing"
+    return None
+
+
+def _peak_text(peaks: pl.DataFrame, budget: OomBudget) -> tuple[str, str | None]:
+    """How the earlier steps used memory: a steady rise (leak), a sudden jump (spike), or how close they came."""
     if peaks.is_empty():
-        return ""
+        return "", None
+    first, last = peaks.row(0, named=True), peaks.row(-1, named=True)
     top = peaks.sort("value", descending=True).row(0, named=True)
-    step = f" at step {top['step']}" if top["step"] is not None else ""
-    n = peaks.select(pl.col("step").n_unique()).item()
-    text = f" Before failing, the peak allocated memory over {n} logged step(s) was {top['value']:.2f} GB{step}"
-    if capacity:
-        text += f" ({100 * top['value'] / capacity:.0f}% of {capacity:.2f} GiB)"
-    return text + "."
+    trend = memory_trend(peaks)
+    if trend == "growing":
+        per_step = (last["value"] - first["value"]) / max(1, last["step"] - first["step"])
+        return (
+            f" The peak allocated memory (perf/max_memory_allocated_gb) grew step after step, from "
+            f"{first['value']:.2f} GB at step {first['step']} to {last['value']:.2f} GB at step {last['step']} "
+            f"(+{per_step:.2f} GB per step): memory leaks - something keeps tensors alive from one step to the next.",
+            "leak",
+        )
+    if budget.allocated and top["value"] < 0.5 * budget.allocated:
+        return (
+            f" Earlier steps peaked at {top['value']:.2f} GB (step {top['step']}); the failing step needed far more: "
+            "a spike - an unusually long sequence or a larger micro-batch - not a slow growth.",
+            "spike",
+        )
+    text = f" Before failing, the peak allocated memory over {peaks.height} logged step(s) was {top['value']:.2f} GB"
+    text += f" at step {top['step']}"
+    if budget.capacity:
+        text += f" ({100 * top['value'] / budget.capacity:.0f}% of {budget.capacity:.2f} GiB)"
+    return text + ".", None
 
 
 def explain_cuda_oom(finding: Finding, series: pl.DataFrame) -> None:
@@ -244,8 +287,16 @@ def explain_cuda_oom(finding: Finding, series: pl.DataFrame) -> None:
         return
     case = oom_case(budget)
     finding.fields["oom_case"] = case
-    finding.explanation = _oom_text(budget, case) + _peak_text(series, budget.capacity)
+    history, trend = _peak_text(_step_peaks(series), budget)
+    text = _oom_text(budget, case)
+    if trend == "leak" and case == "exhaustion":
+        text = text.replace(EXHAUSTION, "True exhaustion, built up over the run rather than by this step.")
+    finding.explanation = text + history
     finding.remediation = _promote(finding.remediation, OOM_PROMOTE[case])
+    if trend:
+        finding.fields["memory_trend"] = trend
+    if trend == "leak":
+        finding.remediation = _promote(finding.remediation, "grows from step to step")
 
 
 # --- checkpoint key sets --------------------------------------------------------------------------------
@@ -533,7 +584,8 @@ def explain_actor_death(finding: Finding) -> None:
 
 NETWORK_TROUBLE = re.compile(
     r"No route to host|Connection refused|connection abort|Connection reset|Connection closed|Network is unreachable|"
-    r"timed out|Broken pipe|exceeded (?:error )?retry count|Address family not supported|Cannot assign requested"
+    r"timed out|Broken pipe|exceeded (?:error )?retry count|Address family not supported|Cannot assign requested|"
+    r"no socket interface found"
 )
 
 
@@ -549,6 +601,45 @@ def explain_nccl_error(finding: Finding) -> None:
             "(docker0, a virtual or IPv6 link-local address) or a firewall blocks it."
         )
         finding.remediation = _promote(finding.remediation, "NCCL_SOCKET_IFNAME")
+
+
+FINGERPRINT = re.compile(
+    r"Rank (?P<rank>\d+) is running collective: CollectiveFingerPrint\((?:SequenceNumber=(?P<seq>\d+),? ?)?"
+    r"OpType=(?P<op>\w+)(?:, TensorShape=\[(?P<shape>[^\]]*)\])?(?:, TensorDtypes=(?P<dtype>\w+))?"
+)
+LAGGING = re.compile(r"\[(?P<ranks>[\d, ]+)\] (?:are the lagging ranks|joined but didn't finish)")
+
+
+def explain_collective_mismatch(finding: Finding, texts: list[str]) -> None:
+    """Who ran what: each rank's own fingerprint (the first one in its report; the peer's as it saw it can be
+    garbled), or the lagging ranks of a desync report. `texts` are the lines of every rank's report."""
+    calls: dict[int, str] = {}
+    seq = None
+    for text in texts:
+        m = FINGERPRINT.search(text)
+        if m:
+            shape = f" [{m['shape']}]" if m["shape"] is not None else ""
+            calls.setdefault(int(m["rank"]), f"{m['op']}{shape}{' ' + m['dtype'] if m['dtype'] else ''}")
+            seq = seq or m["seq"]
+    if len(set(calls.values())) > 1:
+        groups: dict[str, list[int]] = {}
+        for rank, call in sorted(calls.items()):
+            groups.setdefault(call, []).append(rank)
+        at = f" at collective {seq}" if seq else ""
+        finding.explanation = f"The ranks disagree{at}: " + "; ".join(f"rank(s) {r} run {c}" for c, r in groups.items())
+        odd = [r for r in groups.values() if len(r) == 1]
+        if len(groups) == 2 and len(odd) == 1 and len(calls) > 2:
+            finding.rank = odd[0][0]
+            finding.explanation += f". Rank {finding.rank} is the odd one out."
+        else:
+            finding.rank = None
+            finding.explanation += ". The report cannot tell which side deviated; look at both call sites."
+        return
+    lagging = sorted({int(r) for text in texts for m in LAGGING.finditer(text) for r in m["ranks"].split(",")})
+    if lagging:
+        finding.rank = lagging[0] if len(lagging) == 1 else None
+        finding.fields["lagging_ranks"] = lagging
+        finding.explanation = f"PyTorch's desync report names rank(s) {lagging} as the ones the others waited for."
 
 
 def explain_xid(finding: Finding) -> None:
