@@ -270,6 +270,16 @@ def _cross_rank(events: pl.DataFrame, root: Finding) -> None:
     )
 
 
+def _adopt_rank(root: Finding, findings: list[Finding]) -> None:
+    """A rank-less root (torchrun's agent line, a driver line) takes the rank its class names elsewhere."""
+    if root.rank is not None or root.cls in (*CROSS_RANK_CLASSES, "unknown_crash"):
+        return
+    ranks = {f.rank for f in findings if f.cls == root.cls and f.rank is not None}
+    if len(ranks) == 1:
+        root.rank = ranks.pop()
+        root.host = root.host or next((f.host for f in findings if f.rank == root.rank and f.host), None)
+
+
 def _torchrun_note(events: pl.DataFrame, root: Finding) -> str:
     named = events.filter(pl.col("kind") == "torchrun_failure")
     for row in named.iter_rows(named=True):
@@ -348,6 +358,7 @@ def diagnose(
         explain_collective_mismatch(root, reports)
     elif root.cls in CROSS_RANK_CLASSES and root.rule != "collective-op-mismatch":
         _cross_rank(events, root)
+    _adopt_rank(root, findings)
     note = _torchrun_note(events, root)
     if note:
         root.explanation = " ".join(x for x in (root.explanation, note) if x)

@@ -584,8 +584,7 @@ def explain_actor_death(finding: Finding) -> None:
 
 NETWORK_TROUBLE = re.compile(
     r"No route to host|Connection refused|connection abort|Connection reset|Connection closed|Network is unreachable|"
-    r"timed out|Broken pipe|exceeded (?:error )?retry count|Address family not supported|Cannot assign requested|"
-    r"no socket interface found"
+    r"timed out|Broken pipe|exceeded (?:error )?retry count|Address family not supported|Cannot assign requested"
 )
 
 
@@ -595,7 +594,13 @@ def explain_nccl_error(finding: Finding) -> None:
     if not isinstance(last, str):
         return
     finding.explanation = f"NCCL's last error: {last.strip()}."
-    if NETWORK_TROUBLE.search(last):
+    if "no socket interface found" in last:
+        finding.explanation += (
+            " NCCL found no network interface to use: NCCL_SOCKET_IFNAME names one that does not exist on this host "
+            "(compare with `ip addr`), or every interface was excluded."
+        )
+        finding.remediation = _promote(finding.remediation, "NCCL_SOCKET_IFNAME")
+    elif NETWORK_TROUBLE.search(last):
         finding.explanation += (
             " A socket connection between ranks failed: usually NCCL picked an interface the peers cannot reach "
             "(docker0, a virtual or IPv6 link-local address) or a firewall blocks it."
@@ -651,11 +656,50 @@ def explain_xid(finding: Finding) -> None:
             finding.explanation = f"Xid {code}: {meaning}."
 
 
+def explain_cuda_error(finding: Finding) -> None:
+    """What kind of kernel failure: an out-of-range index (data) or a bad memory access (kernel)."""
+    assertion = finding.fields.get("assertion")
+    error = str(finding.fields.get("cuda_error", ""))
+    if assertion or "device-side assert" in error:
+        shown = f" (`{assertion}`)" if assertion else ""
+        finding.explanation = (
+            f"A GPU kernel's bounds check failed{shown}: an index was out of range - most often a token id at or "
+            "above the embedding's vocabulary size (tokenizer and model config disagree, special tokens added "
+            "without resizing the embedding) or a label outside the classes."
+        )
+    elif "illegal memory access" in error or "illegal instruction" in error or "misaligned" in error:
+        finding.explanation = (
+            "A kernel touched memory it does not own: a bug in a custom or fused kernel (attention backend, "
+            "speculative decoding, a quantised GEMM) or corrupted state; every later CUDA call in the process fails."
+        )
+
+
+NON_FINITE = re.compile(r"(?P<metric>[\w/@.\-]+):(?:np\.float\d+\()?-?(?:nan|inf)\b")
+
+
+def explain_instability(finding: Finding) -> None:
+    """Which metrics went non-finite first, and at which step."""
+    for e in finding.evidence:
+        metrics = list(dict.fromkeys(m["metric"] for m in NON_FINITE.finditer(e.text)))
+        if metrics:
+            step = finding.fields.get("step")
+            at = f"At step {step}" if step is not None else "First"
+            shown = ", ".join(metrics[:6]) + (", ..." if len(metrics) > 6 else "")
+            finding.explanation = f"{at} these became NaN/inf: {shown}."
+            return
+
+
 def explain_process_killed(finding: Finding, series: pl.DataFrame) -> None:
     """A SIGKILL with no OOM line: quote the host memory the run reported, if any."""
-    if series.is_empty():
-        return
-    host = series.filter(pl.col("metric").str.ends_with("cpu_memory_used_gb") & pl.col("value").is_finite())
+    finding.explanation = (
+        "SIGKILL comes from outside the process - the kernel OOM killer, a scheduler's memory or time limit, or an "
+        "operator - and leaves no traceback; these logs do not say which: read the host's kernel log (dmesg)."
+    )
+    host = (
+        series.filter(pl.col("metric").str.ends_with("cpu_memory_used_gb") & pl.col("value").is_finite())
+        if not series.is_empty()
+        else series
+    )
     if host.is_empty():
         return
     last = host.sort("step", nulls_last=True).row(-1, named=True)
@@ -696,8 +740,14 @@ def read_evidence(finding: Finding, series: pl.DataFrame) -> None:
         explain_shape_mismatch(finding)
     elif finding.cls == "ray_actor_died":
         explain_actor_death(finding)
-    elif finding.cls in ("gpu_hardware", "cuda_error"):
+    elif finding.cls == "gpu_hardware":
         explain_xid(finding)
+    elif finding.cls == "cuda_error":
+        explain_xid(finding)
+        if not finding.explanation:
+            explain_cuda_error(finding)
+    elif finding.cls == "training_instability":
+        explain_instability(finding)
     elif finding.cls == "nccl_error":
         explain_nccl_error(finding)
     elif finding.cls == "process_killed":
