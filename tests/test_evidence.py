@@ -223,3 +223,54 @@ def test_undecidable_timeout_names_no_rank_and_lists_candidates(tmp_path):
     assert root is not None and root.cls == "nccl_timeout"
     assert root.rank is None and root.fields["candidate_ranks"] == [2, 3]
     assert "cannot tell" in root.explanation and "no lines at all from [3]" in root.explanation
+
+
+def test_rank_that_joined_late_is_named_from_watchdog_times(tmp_path):
+    """torch 2.11 words: rank 0 gives up at SeqNum 57; rank 1, stuck elsewhere, times out a minute later at 63."""
+    timeout = (
+        "[rank{r}]:[E1130 05:{m}:38.4 ProcessGroupNCCL.cpp:689] [Rank {r}] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum={s}, OpType=ALLREDUCE, NumelIn=524288, NumelOut=524288, Timeout(ms)=30000) "
+        "ran for 30064 milliseconds before timing out."
+    )
+    state = (
+        "[rank{r}]:[E1130 05:{m}:38.5 ProcessGroupNCCL.cpp:2303] [PG ID 0 PG GUID 0(default_pg) Rank {r}]  failure "
+        "detected by watchdog at work sequence id: {s} PG status: last enqueued work: {e}, last completed work: {d}"
+    )
+    lines = [
+        timeout.format(r=0, m=19, s=57),
+        state.format(r=0, m=19, s=57, e=61, d=56),
+        timeout.format(r=1, m=20, s=63),
+        state.format(r=1, m=20, s=63, e=67, d=62),
+    ]
+    root = _run(tmp_path, "train.log", lines).verdict.root_cause
+    assert root is not None and root.cls == "nccl_timeout"
+    assert root.rank == 1  # not rank 0, whose enqueued numbers are lower only because it stopped first
+    assert "rank(s) [1] timed out only 60 s later" in root.explanation
+
+
+def test_collective_mismatch_reads_each_ranks_own_fingerprint(tmp_path):
+    report = (
+        "[rank{r}]: RuntimeError: Detected mismatch between collectives on ranks. Rank {r} is running collective: "
+        "CollectiveFingerPrint(SequenceNumber=30, OpType={op}, TensorShape=[{shape}], TensorDtypes=Float), but Rank "
+        "{o} is running collective: CollectiveFingerPrint(SequenceNumber=0OpType=SCATTER)."
+    )
+    lines = [report.format(r=0, o=1, op="ALLREDUCE", shape="4"), report.format(r=1, o=0, op="ALLGATHER", shape="3, 5")]
+    root = _run(tmp_path, "train.log", lines).verdict.root_cause
+    assert root is not None and root.cls == "collective_mismatch" and root.rank is None
+    assert "rank(s) [0] run ALLREDUCE [4] Float; rank(s) [1] run ALLGATHER [3, 5] Float" in root.explanation
+
+
+def test_oom_after_steady_growth_is_called_a_leak(tmp_path):
+    steps = [
+        f"step:{s} - actor/pg_loss:0.1 - perf/max_memory_allocated_gb:{1.6 + 6 * (s - 1):.1f}" for s in range(1, 8)
+    ]
+    oom = (
+        "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 6.00 GiB. GPU 1 has a total capacity "
+        "of 79.11 GiB of which 5.62 GiB is free. Including non-PyTorch memory, this process has 73.17 GiB memory in "
+        "use. Of the allocated memory 71.49 GiB is allocated by PyTorch, and 0.14 GiB is reserved by PyTorch but "
+        "unallocated."
+    )
+    root = _run(tmp_path, "train.log", [*steps, oom]).verdict.root_cause
+    assert root is not None and root.cls == "cuda_oom" and root.rank == 1
+    assert root.fields["oom_case"] == "exhaustion" and root.fields["memory_trend"] == "leak"
+    assert "grows from step to step" in root.remediation[0]
