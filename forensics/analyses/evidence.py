@@ -718,8 +718,9 @@ def explain_host_oom(finding: Finding) -> None:
     if f.get("node_used_gb") and f.get("node_total_gb"):
         node = f" {f['node_ip']}" if f.get("node_ip") else ""
         text = f"The node{node} used {f['node_used_gb']} GB of {f['node_total_gb']} GB"
-        if f.get("threshold"):
-            text += f", above Ray's kill threshold of {f['threshold']} (RAY_memory_usage_threshold)"
+        if f.get("threshold") or f.get("threshold_pct"):
+            limit = f["threshold"] if f.get("threshold") else f"{f['threshold_pct']}% of its memory"
+            text += f", above Ray's kill threshold of {limit} (RAY_memory_usage_threshold)"
         if f.get("killed_task"):
             text += f"; Ray killed {f['killed_task']} (pid {f.get('killed_pid')}, {f.get('killed_used_gb')} GB)"
         finding.explanation = text + "."
