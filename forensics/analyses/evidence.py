@@ -727,7 +727,24 @@ def explain_host_oom(finding: Finding) -> None:
 
 
 def explain_node_death(finding: Finding) -> None:
+    """Killed raylet or silent node: the two ways Ray loses a node, and what each points at."""
     finding.host = finding.host or finding.fields.get("node_ip")
+    texts = " ".join(e.text for e in finding.evidence)
+    where = f"node {finding.host}" if finding.host else "a node"
+    if "Raylet is terminated" in texts or "local raylet died" in texts:
+        finding.explanation = (
+            f"The raylet of {where} died unexpectedly (killed - the kernel OOM killer or an operator - or crashed); "
+            "every worker and actor on that node died with it."
+        )
+    elif "heartbeat" in texts or "health check" in texts:
+        finding.explanation = (
+            f"The head stopped hearing from {where}: the machine went down or was preempted, its raylet hung, or "
+            "the network between them failed; every actor on it was declared dead."
+        )
+    elif "Failed to connect to GCS" in texts or "cluster ID from GCS" in texts:
+        finding.explanation = (
+            "This process never reached the Ray head (GCS): wrong address, head not running, or a blocked port."
+        )
 
 
 def read_evidence(finding: Finding, series: pl.DataFrame) -> None:
