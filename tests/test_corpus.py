@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CORPUS
+
+from tests.conftest import CORPUS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "eval_corpus.py"
 

@@ -138,7 +138,7 @@ def test_innermost_ray_task_is_named_with_its_host(tmp_path):
         ],
     )
     root = result.verdict.root_cause
-    assert root is not None and root.rule == "oom-in-ray-task"
+    assert root is not None and root.rule == "ray-wrapped-oom"
     assert root.evidence[0].line == 4 and root.host == "10.0.0.7"
     assert "WorkerDict.actor_rollout_update_actor (pid 22 on 10.0.0.7)" in root.explanation
     assert "re-raised by TaskRunner.run" in root.explanation

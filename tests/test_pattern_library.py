@@ -39,7 +39,7 @@ def test_consequences_defer_to_the_causes():
     for consequence in ("ray-actor-died", "nccl-watchdog-timeout", "watchdog-hang"):
         assert {"cuda_oom", "host_oom", "unknown_crash"} <= by_class[consequence]
     assert "host_oom" in by_class["process-sigkill"]
-    assert "host_oom" in by_class["oom-in-ray-task"]
+    assert "host_oom" in by_class["ray-wrapped-oom"]
 
 
 @pytest.mark.parametrize("prefix", PREFIXES)

@@ -53,7 +53,8 @@ class RankVerdict:
 def rank_waits(events: pl.DataFrame) -> dict[int, RankWait]:
     """Per rank: the timed-out collectives, the enqueued/completed numbers and the earliest stall start."""
     rows = events.filter(
-        pl.col("kind").is_in(["watchdog_timeout", "watchdog_work_state", "fr_rank_state"]) & pl.col("rank").is_not_null()
+        pl.col("kind").is_in(["watchdog_timeout", "watchdog_work_state", "fr_rank_state"])
+        & pl.col("rank").is_not_null()
     ).sort(["file", "line"])
     waits: dict[int, RankWait] = {}
     for row in rows.iter_rows(named=True):

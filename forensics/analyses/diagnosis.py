@@ -346,8 +346,9 @@ def diagnose(
     if not findings:
         return Verdict("healthy", None, 0.9, [], [], "No failure signature found.")
     series = series if series is not None else empty_series()
+    foretold = {f.fields.get("leads_to") for f in findings}  # classes a detector saw coming
     for finding in findings:
-        read_evidence(finding, series)
+        read_evidence(finding, series, quote_history=finding.cls not in foretold)
     independent = [f for f in findings if not any(_explains(g, f) for g in findings)]
     serious = [f for f in independent if severity_rank(f.severity) >= severity_rank("error")]
     pool = serious or independent or findings

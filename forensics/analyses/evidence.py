@@ -274,7 +274,8 @@ def _peak_text(peaks: pl.DataFrame, budget: OomBudget) -> tuple[str, str | None]
     return text + ".", None
 
 
-def explain_cuda_oom(finding: Finding, series: pl.DataFrame) -> None:
+def explain_cuda_oom(finding: Finding, series: pl.DataFrame, quote_history: bool = True) -> None:
+    """The OOM budget, its case, and (unless a detector already tells it) how earlier steps used memory."""
     budget = next((b for b in (parse_oom(e.text) for e in finding.evidence) if b), None)
     if budget is None:
         if any("cumem_allocator" in e.text for e in finding.evidence):
@@ -291,7 +292,7 @@ def explain_cuda_oom(finding: Finding, series: pl.DataFrame) -> None:
     text = _oom_text(budget, case)
     if trend == "leak" and case == "exhaustion":
         text = text.replace(EXHAUSTION, "True exhaustion, built up over the run rather than by this step.")
-    finding.explanation = text + history
+    finding.explanation = text + (history if quote_history else "")
     finding.remediation = _promote(finding.remediation, OOM_PROMOTE[case])
     if trend:
         finding.fields["memory_trend"] = trend
@@ -747,10 +748,13 @@ def explain_node_death(finding: Finding) -> None:
         )
 
 
-def read_evidence(finding: Finding, series: pl.DataFrame) -> None:
-    """Fill the finding's explanation (and fields, remediation order) from what its lines say."""
+def read_evidence(finding: Finding, series: pl.DataFrame, quote_history: bool = True) -> None:
+    """Fill the finding's explanation (and fields, remediation order) from what its lines say.
+
+    `quote_history=False` when a detector finding already tells how the series led to this failure.
+    """
     if finding.cls == "cuda_oom":
-        explain_cuda_oom(finding, series)
+        explain_cuda_oom(finding, series, quote_history)
         explain_ray_wrapper(finding)
     elif finding.cls == "weight_key_mismatch":
         explain_key_mismatch(finding)
