@@ -37,6 +37,7 @@ WRAPPER_EXCEPTIONS = {
     "KeyboardInterrupt",
 }
 CROSS_RANK_CLASSES = ("nccl_timeout", "hang", "collective_mismatch")
+WAITING_RULES = ("nccl-watchdog-timeout", "watchdog-hang", "rendezvous-timeout")  # their rank is a waiter's
 _FAR_FUTURE = datetime(9999, 1, 1, tzinfo=timezone.utc)
 _PYTHON_EXCEPTION_START = re.compile(r"^\s*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\b(?:\([\w.]+\))?(?::|\s*$)")
 
@@ -256,7 +257,7 @@ def _cross_rank(events: pl.DataFrame, root: Finding) -> None:
         return
     if verdict.suspect is not None:
         root.rank, root.host = verdict.suspect, verdict.host or root.host
-    else:  # the rank that logged the timeout only waited; do not name it as the culprit
+    elif root.rule in WAITING_RULES:  # the rank that logged the timeout only waited; it is not the culprit
         root.fields["observed_on_rank"] = root.rank
         root.rank = None
     if verdict.candidates:
