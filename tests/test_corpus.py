@@ -58,7 +58,7 @@ def test_top1_accuracy_and_no_false_alarm_on_healthy_runs(evaluation):
         ("072", "nccl_error", 9),  # NCCL WARN Cuda failure 1 'invalid argument'
         ("037", "env_version_mismatch", 5),  # ModuleNotFoundError, not the later 'not supported' surface error
         ("041", "config_error", 1),  # Hydra: Could not override
-        ("053", "disk_or_io", 1),  # raylet: /tmp/ray over 95% full, before the worker died
+        ("053", "disk_or_io", 1),  # raylet: /tmp/ray over 95% full, before the worker died (Errno 28 at 8)
     ],
 )
 def test_case_class_and_evidence_line(by_id, case, cls, line):
@@ -69,6 +69,6 @@ def test_case_class_and_evidence_line(by_id, case, cls, line):
 
 def test_labelled_consequence_classes_are_named_through_their_cause(by_id):
     # the worker death in 053 is a consequence of the full disk; the evaluation table keeps it off the top
-    assert by_id["053"].rule == "disk-full"
+    assert by_id["053"].rule == "ray-disk-full"
     # 012: two ranks time out at one SeqNum in different collectives (BROADCAST vs ALLREDUCE)
     assert by_id["012"].got == "collective_mismatch"

@@ -547,7 +547,7 @@ def explain_ray_wrapper(finding: Finding) -> None:
     outer = list(dict.fromkeys(m["task"] for _, m in chain[:-1] if m["task"] != inner["task"]))
     finding.evidence.remove(inner_evidence)
     finding.evidence.insert(0, inner_evidence)
-    finding.host = finding.host or inner["ip"]
+    finding.host = inner["ip"]  # where the error was raised, not where the driver re-raised it
     finding.fields.update(task=inner["task"], task_pid=int(inner["pid"]), task_ip=inner["ip"])
     where = f"{inner['task']} (pid {inner['pid']} on {inner['ip']})"
     cause = inner["cause"].rsplit(".", 1)[-1]
@@ -728,24 +728,9 @@ def explain_host_oom(finding: Finding) -> None:
 
 
 def explain_node_death(finding: Finding) -> None:
-    """Killed raylet or silent node: the two ways Ray loses a node, and what each points at."""
+    """The node's address; the story of a node death (killed raylet vs missed heartbeats, actors lost) is told
+    by the Ray cluster reading, which sees every node's logs."""
     finding.host = finding.host or finding.fields.get("node_ip")
-    texts = " ".join(e.text for e in finding.evidence)
-    where = f"node {finding.host}" if finding.host else "a node"
-    if "Raylet is terminated" in texts or "local raylet died" in texts:
-        finding.explanation = (
-            f"The raylet of {where} died unexpectedly (killed - the kernel OOM killer or an operator - or crashed); "
-            "every worker and actor on that node died with it."
-        )
-    elif "heartbeat" in texts or "health check" in texts:
-        finding.explanation = (
-            f"The head stopped hearing from {where}: the machine went down or was preempted, its raylet hung, or "
-            "the network between them failed; every actor on it was declared dead."
-        )
-    elif "Failed to connect to GCS" in texts or "cluster ID from GCS" in texts:
-        finding.explanation = (
-            "This process never reached the Ray head (GCS): wrong address, head not running, or a blocked port."
-        )
 
 
 def read_evidence(finding: Finding, series: pl.DataFrame, quote_history: bool = True) -> None:
