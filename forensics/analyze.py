@@ -107,7 +107,7 @@ def analyze(
     findings += flight_recorder_findings(extras.get("flight_recorder", []))
     findings = add_detector_findings(findings, detect(series, events, marks, file_order, environment, config, warnings))
     traces = review_traces(extras, file_order, findings, environment, warnings)
-    verdict = diagnose(events, findings, marks)
+    verdict = diagnose(events, findings, marks, series)
     ray = ray_report(events, verdict)
     timings["diagnose"] = time.perf_counter() - t2
     timings["total"] = time.perf_counter() - t0

@@ -7,7 +7,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
-CORPUS = REPO.parent / "shared" / "corpus" / "public-issues"
+CORPUS = next(
+    (base / "shared" / "corpus" / "public-issues" for base in REPO.parents if (base / "shared" / "corpus").is_dir()),
+    REPO.parent / "shared" / "corpus" / "public-issues",
+)  # ../shared beside the main checkout, or higher up for a worktree
 
 
 def corpus_cases() -> list[dict[str, str]]:

@@ -126,7 +126,7 @@ def test_config_error_inside_a_ray_task_is_attributed_to_the_task_that_raised_it
 @pytest.mark.parametrize(
     ("name", "cls", "role", "rank", "host"),
     [
-        ("ray_worker_sigkill", "process_killed", "WorkerDict", 1, "192.0.2.2"),
+        ("ray_worker_sigkill", "ray_actor_died", "WorkerDict", 1, "192.0.2.2"),
         ("ray_memory_monitor", "host_oom", "WorkerDict", 1, "192.0.2.2"),
         ("ray_node_hang", "ray_node_died", "WorkerDict", None, "127.0.0.2"),
     ],
@@ -254,7 +254,7 @@ def test_files_in_events_and_old_belong_to_their_session():
     ("case", "cls", "role", "rank", "host"),
     [
         ("009", "host_oom", "WorkerDict", 3, "10.20.49.141"),  # "where the task (actor ID: …" wording
-        ("007", "process_killed", "WorkerDict", 3, "10.29.214.5"),  # space-indented block, IP pasted as a link
+        ("007", "ray_actor_died", "WorkerDict", 3, "10.29.214.5"),  # space-indented block, IP pasted as a link
     ],
 )
 def test_public_issue_logs_name_the_ray_actor(corpus, case, cls, role, rank, host):

@@ -2,12 +2,15 @@
 
 The root cause is the earliest finding that no other finding explains (`symptom_of` in the rules).
 torchrun's "Root Cause (first observed failure)" is only the first process to exit; it is kept as a
-finding like any other and never trusted on its own.
+finding like any other and never trusted on its own. Consequences that only say "something died"
+(a dead Ray actor, a collective timeout) never win while a real cause is in the logs - not even an
+exception that no rule knows: such an exception becomes an `unknown_crash` finding that explains them.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -15,7 +18,9 @@ from typing import Any
 
 import polars as pl
 
-from forensics.model import Evidence, Finding, Symptom, Verdict, severity_rank
+from forensics.analyses.collectives import judge_ranks, op_mismatches, rank_waits
+from forensics.analyses.evidence import explain_collective_mismatch, read_evidence
+from forensics.model import Evidence, Finding, Symptom, Verdict, empty_series, severity_rank
 from forensics.rules.model import Rule
 
 MAX_EVIDENCE = 5
@@ -23,6 +28,7 @@ WRAPPER_EXCEPTIONS = {
     "RayTaskError",
     "ActorDiedError",
     "RayActorError",
+    "ActorUnavailableError",
     "ChildFailedError",
     "DistBackendError",
     "WorkerCrashedError",
@@ -30,7 +36,10 @@ WRAPPER_EXCEPTIONS = {
     "SystemExit",
     "KeyboardInterrupt",
 }
+CROSS_RANK_CLASSES = ("nccl_timeout", "hang", "collective_mismatch")
+WAITING_RULES = ("nccl-watchdog-timeout", "watchdog-hang", "rendezvous-timeout")  # their rank is a waiter's
 _FAR_FUTURE = datetime(9999, 1, 1, tzinfo=timezone.utc)
+_PYTHON_EXCEPTION_START = re.compile(r"^\s*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\b(?:\([\w.]+\))?(?::|\s*$)")
 
 
 @dataclass
@@ -53,6 +62,10 @@ def _rows(events: pl.DataFrame, file_order: dict[str, int]) -> list[_Occurrence]
 
 def _sort_key(f: Finding) -> tuple[datetime, int, int, int]:
     return (f.ts or _FAR_FUTURE, *f.order)
+
+
+def _occ_key(o: _Occurrence) -> tuple[datetime, tuple[int, int, int]]:
+    return (o.row["ts"] or _FAR_FUTURE, o.order)
 
 
 def _new_finding(rule: Rule, occ: _Occurrence) -> Finding:
@@ -82,7 +95,7 @@ def build_findings(events: pl.DataFrame, rules: dict[str, Rule], file_order: dic
     """One finding per (rule, rank), keeping the first occurrence and a few evidence lines."""
     candidates = events.filter(pl.col("fields").str.contains('"rules"', literal=True))
     grouped: dict[tuple[str, int | None], Finding] = {}
-    for occ in sorted(_rows(candidates, file_order), key=lambda o: (o.row["ts"] or _FAR_FUTURE, o.order)):
+    for occ in sorted(_rows(candidates, file_order), key=_occ_key):
         for rule_id in occ.fields.get("rules", []):
             rule = rules.get(rule_id)
             if rule is None:
@@ -98,6 +111,7 @@ def build_findings(events: pl.DataFrame, rules: dict[str, Rule], file_order: dic
                 if k != "rules":
                     finding.fields.setdefault(k, v)
     findings = _fold_unranked(list(grouped.values()))
+    findings.extend(_collective_op_mismatch(events, rules, file_order))
     findings.extend(_unknown_crash(events, findings, file_order))
     return sorted(findings, key=_sort_key)
 
@@ -120,22 +134,87 @@ def _fold_unranked(findings: list[Finding]) -> list[Finding]:
     return kept
 
 
+def _collective_op_mismatch(events: pl.DataFrame, rules: dict[str, Rule], file_order: dict[str, int]) -> list[Finding]:
+    """Ranks of one group timed out in different collectives at the same SeqNum: they called different ones."""
+    mismatches = op_mismatches(rank_waits(events))
+    if not mismatches:
+        return []
+    seq, ops = mismatches[0]
+    template = rules.get("collective-mismatch")
+    rule = Rule(
+        id="collective-op-mismatch",
+        title="Ranks wait in different collectives at the same sequence number",
+        cls="collective_mismatch",
+        severity="critical",
+        layer="script",
+        description="Watchdog timeouts of one process group name different OpTypes for the same SeqNum.",
+        match=(),
+        symptom_of=template.symptom_of if template else (),
+        remediation=template.remediation if template else (),
+    )
+    timeouts = events.filter(pl.col("kind") == "watchdog_timeout")
+    occs = [o for o in _rows(timeouts, file_order) if o.fields.get("seq") == seq]
+    occs.sort(key=_occ_key)
+    finding = _new_finding(rule, occs[0])
+    finding.count = len(occs)
+    finding.evidence = [Evidence(o.row["file"], o.row["line"], o.row["message"]) for o in occs[:MAX_EVIDENCE]]
+    sizes = sorted(ops.items(), key=lambda kv: len(kv[1]))
+    minority = sizes[0][1] if len(sizes[0][1]) < len(sizes[1][1]) else []
+    waits = "; ".join(f"{op} on rank(s) {ranks}" for op, ranks in ops.items())
+    finding.explanation = f"At SeqNum {seq} the ranks wait in different collectives: {waits}."
+    finding.rank = minority[0] if len(minority) == 1 else None
+    if finding.rank is not None:
+        finding.explanation += f" Rank {finding.rank} is the odd one out."
+    else:
+        finding.explanation += " The logs cannot tell which side deviated; candidates: " + ", ".join(
+            f"rank(s) {r} ({op})" for op, r in ops.items()
+        )
+        finding.explanation += "."
+    finding.fields.update(seq=seq, ops=ops)
+    return [finding]
+
+
+def _is_python_exception(occ: _Occurrence) -> bool:
+    """An exception line as Python prints it (at the start of the line, or right after a traceback frame)."""
+    return bool(occ.fields.get("raised_at")) or bool(_PYTHON_EXCEPTION_START.match(occ.row["message"] or ""))
+
+
+def _innermost(occ: _Occurrence) -> int:
+    """0 for a plain exception, 1 for a wrapper that names its cause (RayTaskError(X)): prefer the inner one."""
+    return 0 if occ.fields.get("exception") not in WRAPPER_EXCEPTIONS else 1
+
+
+def _serious(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if severity_rank(f.severity) >= severity_rank("error")]
+
+
 def _unknown_crash(events: pl.DataFrame, findings: list[Finding], file_order: dict[str, int]) -> list[Finding]:
-    """When no rule explains a failure, the first real exception (or non-zero exit) is the lead."""
-    if any(severity_rank(f.severity) >= severity_rank("error") for f in findings):
+    """When no rule explains a failure, the first real exception (innermost, else a non-zero exit) is the lead.
+
+    Beside serious findings that are only consequences (every one lists unknown_crash in symptom_of), only an
+    exception can be their cause; a bare non-zero exit is then one of the consequences too.
+    """
+    serious = _serious(findings)
+    if not all("unknown_crash" in f.symptom_of for f in serious):
         return []
     failures = events.filter(pl.col("kind").is_in(["exception", "torchrun_failure", "torchrun_child_failed"]))
-    best: _Occurrence | None = None
+    exceptions: list[_Occurrence] = []
+    exits: list[_Occurrence] = []
     for occ in _rows(failures, file_order):
-        exc = occ.fields.get("exception")
-        if occ.row["kind"] == "exception" and (exc in WRAPPER_EXCEPTIONS and not occ.fields.get("cause")):
-            continue
-        if occ.row["kind"] != "exception" and occ.fields.get("exitcode", 1) == 0:
-            continue
-        if best is None or (occ.row["ts"] or _FAR_FUTURE, occ.order) < (best.row["ts"] or _FAR_FUTURE, best.order):
-            best = occ
-    if best is None:
+        if occ.fields.get("rules"):
+            continue  # a line a rule already explains
+        if occ.row["kind"] == "exception":
+            exc, cause = occ.fields.get("exception"), occ.fields.get("cause")
+            if exc in WRAPPER_EXCEPTIONS and (not cause or cause in WRAPPER_EXCEPTIONS):
+                continue
+            if _is_python_exception(occ):
+                exceptions.append(occ)
+        elif occ.fields.get("exitcode", 1) != 0:
+            exits.append(occ)
+    pool = exceptions or ([] if serious else exits)
+    if not pool:
         return []
+    best = min(pool, key=lambda o: (_innermost(o), *_occ_key(o)))
     rule = Rule(
         id="unknown-crash",
         title="Unrecognised crash",
@@ -152,6 +231,11 @@ def _unknown_crash(events: pl.DataFrame, findings: list[Finding], file_order: di
     finding = _new_finding(rule, best)
     finding.count = 1
     finding.evidence.append(Evidence(best.row["file"], best.row["line"], best.row["message"]))
+    if best.fields.get("cause"):
+        finding.explanation = (
+            f"{best.fields['exception']}({best.fields['cause']}) wraps a {best.fields['cause']} raised in a "
+            "Ray task; its own traceback is not in these logs."
+        )
     return [finding]
 
 
@@ -159,45 +243,52 @@ def _explains(cause: Finding, effect: Finding) -> bool:
     """Whether `cause` explains `effect` (effect lists cause's class, and not the other way round earlier)."""
     if cause is effect or cause.cls not in effect.symptom_of:
         return False
+    if cause.cls == "unknown_crash" and _sort_key(cause) > _sort_key(effect):
+        return False  # an unrecognised exception cannot explain what happened before it
     if effect.cls in cause.symptom_of:  # mutual: the earlier one is the cause
         return _sort_key(cause) <= _sort_key(effect)
     return True
 
 
-def _watchdog_suspect(events: pl.DataFrame) -> tuple[int | None, str]:
-    """The rank that lags in collective sequence numbers, from watchdog and dump-signal lines."""
-    state = events.filter(
-        pl.col("kind").is_in(["watchdog_work_state", "watchdog_timeout", "fr_rank_state"])
-        & pl.col("rank").is_not_null()
+def _cross_rank(events: pl.DataFrame, root: Finding) -> None:
+    """Name the rank the others waited for (and its host), or say why the logs cannot."""
+    verdict = judge_ranks(events, rank_waits(events))
+    if not verdict.explanation:
+        return
+    if verdict.suspect is not None:
+        root.rank, root.host = verdict.suspect, verdict.host or root.host
+    elif root.rule in WAITING_RULES:  # the rank that logged the timeout only waited; it is not the culprit
+        root.fields["observed_on_rank"] = root.rank
+        root.rank = None
+    if verdict.candidates:
+        root.fields["candidate_ranks"] = verdict.candidates
+    if verdict.first_collective_never_completed:
+        root.remediation = [r for r in root.remediation if "NCCL_SOCKET_IFNAME" in r] + [
+            r for r in root.remediation if "NCCL_SOCKET_IFNAME" not in r
+        ]
+    root.explanation = " ".join(
+        x for x in (root.explanation, verdict.explanation[:1].upper() + verdict.explanation[1:]) if x
     )
-    if state.is_empty():
-        return None, ""
-    per_rank: dict[int, int] = {}
-    timed_out: set[int] = set()
-    for row in state.iter_rows(named=True):
-        fields = json.loads(row["fields"] or "{}")
-        rank = row["rank"]
-        if row["kind"] == "watchdog_timeout":
-            timed_out.add(rank)
-        enq = fields.get("last_enqueued")
-        if enq is not None:
-            per_rank[rank] = max(per_rank.get(rank, -1), int(enq))
-    if len(set(per_rank.values())) > 1:
-        laggard = min(per_rank, key=lambda r: (per_rank[r], r))
-        return laggard, (
-            f"rank {laggard} enqueued only up to collective {per_rank[laggard]} while others reached "
-            f"{max(per_rank.values())}: it never joined the collective the others waited in"
-        )
-    return None, ""
+
+
+def _adopt_rank(root: Finding, findings: list[Finding]) -> None:
+    """A rank-less root (torchrun's agent line, a driver line) takes the rank its class names elsewhere."""
+    if root.rank is not None or root.cls in (*CROSS_RANK_CLASSES, "unknown_crash"):
+        return
+    ranks = {f.rank for f in findings if f.cls == root.cls and f.rank is not None}
+    if len(ranks) == 1:
+        root.rank = ranks.pop()
+        root.host = root.host or next((f.host for f in findings if f.rank == root.rank and f.host), None)
 
 
 def _torchrun_note(events: pl.DataFrame, root: Finding) -> str:
     named = events.filter(pl.col("kind") == "torchrun_failure")
     for row in named.iter_rows(named=True):
         fields = json.loads(row["fields"] or "{}")
-        if fields.get("torchrun_root_cause") and row["rank"] is not None and row["rank"] != root.rank:
+        named = row["rank"]
+        if fields.get("torchrun_root_cause") and named is not None and root.rank is not None and named != root.rank:
             return (
-                f"torchrun's summary names rank {row['rank']} (exit code {fields.get('exitcode')}) as the first "
+                f"torchrun's summary names rank {named} (exit code {fields.get('exitcode')}) as the first "
                 f"observed failure; that rank only exited first — it is a symptom."
             )
     return ""
@@ -247,24 +338,33 @@ def _symptoms(others: list[Finding]) -> list[Symptom]:
     return symptoms
 
 
-def diagnose(events: pl.DataFrame, findings: list[Finding], step_marks: list[tuple[str, int, int]]) -> Verdict:
+def diagnose(
+    events: pl.DataFrame,
+    findings: list[Finding],
+    step_marks: list[tuple[str, int, int]],
+    series: pl.DataFrame | None = None,
+) -> Verdict:
     if not findings:
         return Verdict("healthy", None, 0.9, [], [], "No failure signature found.")
+    series = series if series is not None else empty_series()
+    foretold = {f.fields.get("leads_to") for f in findings}  # classes a detector saw coming
+    for finding in findings:
+        read_evidence(finding, series, quote_history=finding.cls not in foretold)
     independent = [f for f in findings if not any(_explains(g, f) for g in findings)]
     serious = [f for f in independent if severity_rank(f.severity) >= severity_rank("error")]
     pool = serious or independent or findings
     root = min(pool, key=lambda f: (_sort_key(f), -severity_rank(f.severity)))
     status = "failed" if severity_rank(root.severity) >= severity_rank("error") else "degraded"
-    explanation: list[str] = [root.explanation] if root.explanation else []  # a detector may explain its own finding
-    if root.cls in ("nccl_timeout", "hang", "collective_mismatch"):
-        suspect, why = _watchdog_suspect(events)
-        if suspect is not None:
-            root.rank = suspect
-            explanation.append(why)
+    if root.cls == "collective_mismatch" and root.rule != "collective-op-mismatch":
+        reports = [e.text for f in findings if f.cls == "collective_mismatch" for e in f.evidence]
+        explain_collective_mismatch(root, reports)
+    elif root.cls in CROSS_RANK_CLASSES and root.rule != "collective-op-mismatch":
+        _cross_rank(events, root)
+    _adopt_rank(root, findings)
     note = _torchrun_note(events, root)
     if note:
-        explanation.append(note)
-    explanation.extend(_precursors(root, findings))
+        root.explanation = " ".join(x for x in (root.explanation, note) if x)
+    root.explanation = " ".join([root.explanation, *_precursors(root, findings)]).strip()
     if root.step is None:  # a detector finding knows its step
         root.step = _step_of(root, step_marks)
     explained = [f for f in findings if f not in independent]
@@ -274,7 +374,6 @@ def diagnose(events: pl.DataFrame, findings: list[Finding], step_marks: list[tup
         confidence = 0.4
     if root.rank is None and any(f.rank is not None for f in findings):
         confidence -= 0.1
-    root.explanation = " ".join([root.explanation, *explanation]).strip()
     where = f" on rank {root.rank}" if root.rank is not None else ""
     host = f" ({root.host})" if root.host else ""
     consequence = f"; {len(explained)} other finding(s) are its consequences" if explained else ""

@@ -264,21 +264,34 @@ def _example_fires(rule: Rule, example: str) -> bool:
     return False
 
 
+_VALIDATED: dict[tuple[str, str], tuple[Rule | None, tuple[RuleError, ...]]] = {}
+
+
 def load_rule_file(path: Path, root: Path | None = None) -> tuple[Rule | None, list[RuleError]]:
+    """One rule file, validated; the result is remembered by content, so a batch validates each rule once."""
     shown = str(path.relative_to(root)) if root and path.is_relative_to(root) else str(path)
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         return None, [RuleError(shown, 1, "file", f"cannot read: {exc}")]
+    known = _VALIDATED.get((shown, text))
+    if known is None:
+        known = _VALIDATED[(shown, text)] = _validate(shown, text)
+    return known[0], list(known[1])
+
+
+def _validate(shown: str, text: str) -> tuple[Rule | None, tuple[RuleError, ...]]:
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         line = mark.line + 1 if mark else 1
-        return None, [RuleError(shown, line, "yaml", str(exc).replace("\n", " "))]
+        return None, (RuleError(shown, line, "yaml", str(exc).replace("\n", " ")),)
     if not isinstance(data, dict):
-        return None, [RuleError(shown, 1, "file", "a rule file must hold one mapping")]
+        return None, (RuleError(shown, 1, "file", "a rule file must hold one mapping"),)
     builder = _RuleBuilder(shown, data)
     rule = builder.build()
-    return rule, builder.errors
+    return rule, tuple(builder.errors)
 
 
 def rule_files(directories: Iterable[Path]) -> list[tuple[Path, Path]]:

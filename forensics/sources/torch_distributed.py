@@ -21,6 +21,8 @@ WORK_STATE = re.compile(
     r"(?:Exception \(either an error or timeout\)|NCCL error is|Work timeout is|Timeout at NCCL work)"
     r"(?: detected by watchdog at work)?:? (?P<seq>\d+), last enqueued NCCL work: (?P<enq>-?\d+),"
     r" last completed NCCL work: (?P<done>-?\d+)"
+    r"|failure detected by watchdog at work sequence id: (?P<seq2>\d+) PG status: "
+    r"last enqueued work: (?P<enq2>-?\d+), last completed work: (?P<done2>-?\d+)"
 )
 DUMP_SIGNAL = re.compile(
     r"Received a dump signal due to a collective timeout from (?P<src>this local rank|rank \d+).*?"
@@ -60,9 +62,12 @@ def _handle_watchdog(rec: LineRecord, sink: Sink) -> None:
         rec.kind = "watchdog_work_state"
         rec.source = SOURCE
         rec.level = "error"
-        if "seq" in m.groupdict() and m.groupdict().get("seq"):
-            rec.fields["seq"] = int(m["seq"])
-        rec.fields.update(last_enqueued=int(m["enq"]), last_completed=int(m["done"]))
+        g = m.groupdict()
+        seq = g.get("seq") or g.get("seq2")  # torch >= 2.9 words it "failure detected ... sequence id"
+        if seq:
+            rec.fields["seq"] = int(seq)
+        enq, done = g.get("enq") or g.get("enq2"), g.get("done") or g.get("done2")
+        rec.fields.update(last_enqueued=int(enq), last_completed=int(done))
         _rank_from_tag(rec)
 
 
@@ -78,7 +83,7 @@ EXTRACTORS = [
         "watchdog",
         SOURCE,
         r"Watchdog caught collective operation timeout|last enqueued NCCL work: -?\d+, last completed NCCL work|"
-        r"Last enqueued NCCL work: -?\d+, last completed NCCL work",
+        r"Last enqueued NCCL work: -?\d+, last completed NCCL work|failure detected by watchdog at work sequence id",
         _handle_watchdog,
     ),
     LineExtractor(
