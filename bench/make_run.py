@@ -305,7 +305,8 @@ def nccl_init_block(plan: Plan, rk: Rank, comm_index: int, rng: random.Random, f
             out.append(f"{p}Channel {ch:02d}/0 : {rk.rank}[{rk.dev}] -> {nxt}[{nxt % GPUS_PER_NODE}] via P2P/IPC")
         else:
             out.append(
-                f"{p}Channel {ch:02d}/0 : {rk.rank}[{rk.dev}] -> {nxt}[{nxt % GPUS_PER_NODE}] [send] via NET/IB/{ch % 4}/GDRDMA"
+                f"{p}Channel {ch:02d}/0 : {rk.rank}[{rk.dev}] -> {nxt}[{nxt % GPUS_PER_NODE}] [send] "
+                f"via NET/IB/{ch % 4}/GDRDMA"
             )
             out.append(
                 f"{p}Channel {ch:02d}/0 : {prev}[{prev % GPUS_PER_NODE}] -> {rk.rank}[{rk.dev}] [receive] "
@@ -366,7 +367,8 @@ def iso(ts: datetime, sep: str = " ") -> str:
 
 def glog(ts: datetime) -> str:
     """c10's month-day form: `1016 03:31:38.929220797` (month not zero-padded)."""
-    return f"{ts.month}{ts.day:02d} {ts.strftime('%H:%M:%S')}.{ts.microsecond:06d}{(ts.microsecond // 1000 * 7919 + ts.second * 131) % 1000:03d}"
+    nanos = (ts.microsecond // 1000 * 7919 + ts.second * 131) % 1000
+    return f"{ts.month}{ts.day:02d} {ts.strftime('%H:%M:%S')}.{ts.microsecond:06d}{nanos:03d}"
 
 
 def vllm_ts(ts: datetime) -> str:
@@ -378,13 +380,14 @@ def worker_log_lines(rk: Rank, step: int, ts: datetime, rng: random.Random) -> l
     alloc = rng.uniform(38, 62)
     return [
         f"{iso(ts)} - verl.workers.fsdp_workers - INFO - [rank {rk.rank}] step {step}: "
-        f"After update policy, memory allocated (GB): {alloc:.2f}, memory reserved (GB): {alloc + rng.uniform(2, 9):.2f}, "
+        f"After update policy, memory allocated (GB): {alloc:.2f}, "
+        f"memory reserved (GB): {alloc + rng.uniform(2, 9):.2f}, "
         f"device memory used/total (GB): {alloc + rng.uniform(9, 14):.2f}/79.19",
         f"INFO {vllm_ts(ts + timedelta(seconds=3))} [executor_base.py:{rng.randint(200, 260)}] "
         f"It took {rng.uniform(0.4, 2.5):.6f} seconds to wake up tags ['weights', 'kv_cache'].",
         f"INFO {vllm_ts(ts + timedelta(seconds=19))} [block_pool.py:321] Successfully reset prefix cache",
-        f"INFO {vllm_ts(ts + timedelta(seconds=20))} [gpu_worker.py:104] Sleep mode freed {rng.uniform(40, 60):.2f} GiB "
-        f"memory, {rng.uniform(4, 12):.2f} GiB memory is still in use.",
+        f"INFO {vllm_ts(ts + timedelta(seconds=20))} [gpu_worker.py:104] Sleep mode freed "
+        f"{rng.uniform(40, 60):.2f} GiB memory, {rng.uniform(4, 12):.2f} GiB memory is still in use.",
     ]
 
 
@@ -424,8 +427,8 @@ def oom_traceback(plan: Plan, rk: Rank) -> list[str]:
         '  File "/usr/local/lib/python3.10/dist-packages/torch/nn/modules/module.py", line 1751, in _call_impl',
         "    return forward_call(*args, **kwargs)",
         f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried} GiB. GPU {rk.dev} has a total capacity "
-        f"of 79.19 GiB of which {free:.2f} GiB is free. Including non-PyTorch memory, this process has {in_use:.2f} GiB "
-        f"memory in use. Of the allocated memory {alloc:.2f} GiB is allocated by PyTorch, and "
+        f"of 79.19 GiB of which {free:.2f} GiB is free. Including non-PyTorch memory, this process has "
+        f"{in_use:.2f} GiB memory in use. Of the allocated memory {alloc:.2f} GiB is allocated by PyTorch, and "
         f"{in_use - alloc - 0.6:.2f} GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is "
         "large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation "
         "for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
@@ -855,7 +858,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=512, help="world size (8 GPUs per node)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes writing files")
     args = parser.parse_args(argv)
-    if args.ranks < 2 or args.ranks % GPUS_PER_NODE and args.ranks > GPUS_PER_NODE:
+    if args.ranks < 2 or (args.ranks % GPUS_PER_NODE and args.ranks > GPUS_PER_NODE):
         parser.error("--ranks must be at least 2, and a multiple of 8 above 8")
     here = Path(__file__).resolve().parents[1]
     if args.out.resolve().is_relative_to(here):

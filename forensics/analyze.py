@@ -37,12 +37,12 @@ def load_rule_set(overlays: list[Path]) -> list[Rule]:
     return rules
 
 
-def _read_one(rf: RunFile, scanner: TextScanner) -> tuple[Sink, FileReport, FileResult]:
+def _read_one(rf: RunFile, scanner: TextScanner, read_ahead: bool = False) -> tuple[Sink, FileReport, FileResult]:
     sink = Sink()
     report = FileReport(rf.rel, rf.kind, rf.bytes, note=rf.note)
     result = FileResult()
     if rf.kind == TEXT_LOG:
-        result.lines, result.warnings = scanner.scan(rf.path, rf.rel, sink)
+        result.lines, result.warnings = scanner.scan(rf.path, rf.rel, sink, read_ahead=read_ahead)
     elif rf.kind != SKIPPED:
         source = next(s for s in file_sources() if s.kind == rf.kind)
         try:
@@ -67,16 +67,22 @@ def analyze(
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     run = discover(paths)
+    timings["discover"] = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
     rules = load_rule_set(options.patterns)
     scanner = TextScanner(rules, line_extractors())
-    timings["discover"] = time.perf_counter() - t0
+    timings["rules"] = time.perf_counter() - t1
 
     t1 = time.perf_counter()
     jobs = options.jobs or os.cpu_count() or 1
     ordered = sorted(run.files, key=lambda f: -f.bytes)  # big files first keep the pool busy
+    # a file larger than an even share of the work cannot be balanced by the pool: it reads ahead instead
+    fair_share = sum(f.bytes for f in ordered) / jobs
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = dict(zip([f.rel for f in ordered], pool.map(lambda f: _read_one(f, scanner), ordered), strict=False))
-    timings["read"] = time.perf_counter() - t1
+        done = pool.map(lambda f: _read_one(f, scanner, read_ahead=f.bytes > fair_share), ordered)
+        results = dict(zip([f.rel for f in ordered], done, strict=True))
+    timings["read/scan"] = time.perf_counter() - t1
 
     t2 = time.perf_counter()
     warnings = list(run.warnings)
@@ -100,6 +106,8 @@ def analyze(
     events = pl.concat(event_frames) if event_frames else empty_events()
     series = pl.concat(series_frames) if series_frames else empty_series()
     events = enrich(events)
+    timings["enrich"] = time.perf_counter() - t2
+    t2 = time.perf_counter()
     file_order = {rf.rel: i for i, rf in enumerate(run.files)}
     by_id = {r.id: r for r in rules}
     findings = build_findings(events, by_id, file_order)

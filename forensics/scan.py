@@ -1,27 +1,35 @@
 """The text-log scanner: one vectorised pass per batch, Python only for the lines that matched.
 
-Every rule regex and every extractor trigger is joined into one alternation that polars evaluates
-in Rust over a whole batch of lines. Only the matching lines are then told apart, again in Rust
-(one `contains` per pattern over the few hits), before Python reads their values.
+Per batch of lines, in Rust (polars): one search for the literals that every rule regex and extractor
+trigger needs (see prefilter.py; a few patterns without such literals are searched in full), then the
+alternation of all the patterns over the few candidate lines only. Python then reads the matching lines:
+the literals each contains pick the patterns worth trying on it, so neither pass grows with the rule
+count the way one regex pass per rule would.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import polars as pl
+import numpy as np
+import regex
 
 from forensics.attribution import FileContext, attribute, file_context
+from forensics.prefilter import Literals, literal_alternation, required_literals
 from forensics.rules.model import Rule
 from forensics.sources.base import Hit, LineExtractor, LineRecord, Sink
-from forensics.textio import LineBatch, ReadLimitExceeded, iter_line_batches, open_binary
+from forensics.textio import LineBatch, ReadLimitExceeded, iter_line_batches, open_binary, prefetched
 
 _NAMED_GROUP = re.compile(r"(?<!\\)\(\?P<\w+>")
 MAX_HITS_PER_FILE = 200_000  # a flood of matches stops being read, with a warning
+# Above this many candidate lines in a batch, the alternation of all patterns confirms them in Rust before
+# Python looks; below it, Python's dispatch is cheaper than that regex's fixed cost per call (~0.5 ms).
+CONFIRM_IN_RUST_ABOVE = 128
 
 
 def prefilter_form(pattern: str) -> str:
@@ -29,34 +37,70 @@ def prefilter_form(pattern: str) -> str:
     return _NAMED_GROUP.sub("(?:", pattern)
 
 
+def _python_search(pattern: str) -> Callable[[str], object] | None:
+    """The pattern's search in Python (for telling hits apart); None when only Rust can read it."""
+    for compile_ in (re.compile, regex.compile):
+        try:
+            return compile_(pattern).search
+        except (re.error, regex.error, ValueError, OverflowError):
+            continue
+    return None
+
+
 @dataclass(frozen=True)
 class _Pattern:
     rust: str
     rule: Rule | None = None
     extractor: LineExtractor | None = None
+    literals: Literals | None = field(default=None, compare=False)
+    search: Callable[[str], object] | None = field(default=None, compare=False)
+
+    def matches(self, line: str) -> bool:
+        # a pattern Python cannot compile counts as matched: its handler or rule checks the line again
+        return self.search is None or self.search(line) is not None
+
+
+def _pattern(source: str, rule: Rule | None = None, extractor: LineExtractor | None = None) -> _Pattern:
+    return _Pattern(prefilter_form(source), rule, extractor, required_literals(source), _python_search(source))
 
 
 class TextScanner:
     """Scans text logs with the rules and the line extractors of every source module."""
 
     def __init__(self, rules: list[Rule], extractors: list[LineExtractor]):
-        patterns: list[_Pattern] = [_Pattern(prefilter_form(e.trigger), extractor=e) for e in extractors]
+        patterns: list[_Pattern] = [_pattern(e.trigger, extractor=e) for e in extractors]
         for rule in rules:
-            patterns.extend(_Pattern(prefilter_form(c.regex), rule=rule) for c in rule.match)
+            patterns.extend(_pattern(c.regex, rule=rule) for c in rule.match)
         self.patterns = patterns
         self.rules = rules
         self.combined = "(?m)" + "|".join(f"(?:{p.rust})" for p in patterns)
-        self._each = [f"(?m){p.rust}" for p in patterns]
+        with_literals = [p for p in patterns if p.literals is not None]
+        unfiltered = [p for p in patterns if p.literals is None]
+        parts = [literal_alternation([p.literals for p in with_literals])] if with_literals else []
+        parts += [f"(?:{p.rust})" for p in unfiltered]
+        self.prefilter = "(?m)" + "|".join(parts)
+        # literal -> the patterns that need it; patterns without literals are tried on every hit
+        self._by_literal: dict[tuple[str, bool], list[int]] = {}
+        for i, p in enumerate(patterns):
+            for s in p.literals.strings if p.literals else ():
+                self._by_literal.setdefault((s, p.literals.icase), []).append(i)
+        self._always = [i for i, p in enumerate(patterns) if p.literals is None]
+        self._any_icase = any(icase for _, icase in self._by_literal)
 
-    def scan(self, path: Path, rel: str, sink: Sink) -> tuple[int, list[str]]:
-        """Read one text file into the sink; returns its line count and any warnings."""
+    def scan(self, path: Path, rel: str, sink: Sink, *, read_ahead: bool = False) -> tuple[int, list[str]]:
+        """Read one text file into the sink; returns its line count and any warnings.
+
+        `read_ahead` reads the next batch in a helper thread while this one is scanned: worth it for a
+        file too large for the thread pool to balance against the others.
+        """
         fctx = _with_year(file_context(rel), path)
         warnings: list[str] = []
         lines = 0
         hits = 0
         try:
             with open_binary(path) as stream:
-                for batch in iter_line_batches(stream):
+                batches = iter_line_batches(stream)
+                for batch in prefetched(batches) if read_ahead else batches:
                     lines = batch.first_line + len(batch.lines) - 1
                     if hits < MAX_HITS_PER_FILE:
                         hits += self._scan_batch(batch, rel, fctx, sink)
@@ -70,27 +114,42 @@ class TextScanner:
             warnings.append(f"{rel}: read stopped at line {lines}: {type(exc).__name__}: {exc}")
         return lines, warnings
 
+    def candidate_rows(self, batch: LineBatch) -> list[int]:
+        """Indexes (into batch.lines) of the owned lines that may match some pattern, found in Rust.
+
+        Every line a pattern matches is among them; when they are many, only those the alternation of
+        all the patterns matches are kept.
+        """
+        lines = batch.lines
+        if batch.own_start or batch.own_end != lines.len():
+            lines = lines.slice(batch.own_start, batch.own_end - batch.own_start)
+        if lines.len() == 0:
+            return []
+        rows = np.flatnonzero(lines.str.contains(self.prefilter).to_numpy())
+        if len(rows) > CONFIRM_IN_RUST_ABOVE:
+            rows = rows[lines.gather(rows).str.contains(self.combined).to_numpy()]
+        return (rows + batch.own_start).tolist()
+
+    def patterns_matching(self, line: str) -> list[_Pattern]:
+        """The patterns that match one hit line, in registration order (extractors before rules)."""
+        lowered = line.lower() if self._any_icase else line
+        tried = set(self._always)
+        for (s, icase), indexes in self._by_literal.items():
+            if s in (lowered if icase else line):
+                tried.update(indexes)
+        return [self.patterns[i] for i in sorted(tried) if self.patterns[i].matches(line)]
+
     def _scan_batch(self, batch: LineBatch, rel: str, fctx: FileContext, sink: Sink) -> int:
-        own = batch.lines.slice(batch.own_start, batch.own_end - batch.own_start)
-        if own.len() == 0:
-            return 0
-        index = own.str.contains(self.combined).arg_true()
-        if index.len() == 0:
-            return 0
-        hit_lines = own.gather(index)
-        positions = (index + batch.own_start).to_list()
-        matched: dict[int, list[_Pattern]] = {}
-        frame = pl.DataFrame({"l": hit_lines})
-        masks = frame.select([pl.col("l").str.contains(p).alias(str(i)) for i, p in enumerate(self._each)])
-        for i, pattern in enumerate(self.patterns):
-            for row in masks.get_column(str(i)).arg_true().to_list():
-                matched.setdefault(row, []).append(pattern)
-        for row, patterns in sorted(matched.items()):
-            pos = positions[row]
+        found = 0
+        for pos in self.candidate_rows(batch):
             text = batch.text(pos)
+            patterns = self.patterns_matching(text)
+            if not patterns:
+                continue
+            found += 1
             hit = Hit(rel, batch.line_number(pos), text, attribute(text, fctx), batch, pos, fctx)
             self._handle(hit, patterns, sink)
-        return len(matched)
+        return found
 
     def _handle(self, hit: Hit, patterns: list[_Pattern], sink: Sink) -> None:
         rec = LineRecord(hit)

@@ -1,0 +1,353 @@
+"""How fast forensics reads a run folder, against the practical floor (grep) and what a user would write.
+
+    python bench/make_run.py 2G /tmp/bench_runs/run2g --seed 7
+    python bench/scan.py /tmp/bench_runs/run2g [--memory /tmp/bench_runs/run1g /tmp/bench_runs/run4g]
+
+On the same text files, in one run, each timed `--repeat` times (median), page cache warm:
+
+- forensics: `analyze()` called in-process (discovery, scanning, enrichment, diagnosis; no HTML);
+- grep: `LC_ALL=C grep -c -E` with one alternation of every rule regex and extractor trigger, converted
+  to POSIX ERE (the constructs that have no ERE form are listed, and the closest form is used);
+- Python loop: every line of every file through every pattern with the `re` module, as one would write it.
+
+Then the peak RSS of forensics in a child process, for RUN_DIR and every `--memory` folder, and whether the
+verdict is the injected one (read from `<RUN_DIR>.truth.json`, written by make_run.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from forensics.analyze import Options, analyze, load_rule_set  # noqa: E402
+from forensics.run import TEXT_LOG, discover  # noqa: E402
+from forensics.sources import line_extractors  # noqa: E402
+
+CLASS_ESCAPES = {"d": "0-9", "s": "[:space:]", "w": "[:alnum:]_"}
+ATOM_ESCAPES = {
+    "d": "[0-9]",
+    "D": "[^0-9]",
+    "s": "[[:space:]]",
+    "S": "[^[:space:]]",
+    "w": "[[:alnum:]_]",
+    "W": "[^[:alnum:]_]",
+    "b": r"\b",
+    "B": r"\B",
+    "A": "^",
+    "Z": "$",
+    "t": "\t",
+}
+ERE_SPECIAL = set(".[]()*+?{}|^$\\")
+
+
+class EreConverter:
+    """Python-regex → POSIX ERE (GNU grep dialect), recording what could only be approximated."""
+
+    def __init__(self) -> None:
+        self.notes: set[str] = set()
+
+    def convert(self, pattern: str) -> str:
+        out: list[str] = []
+        i = 0
+        n = len(pattern)
+        while i < n:
+            c = pattern[i]
+            if c == "\\":
+                i, text = self._escape(pattern, i)
+                out.append(text)
+            elif c == "[":
+                i, text = self._bracket(pattern, i)
+                out.append(text)
+            elif c == "(":
+                i, text = self._group_open(pattern, i)
+                out.append(text)
+            elif c in "*+?}" and i + 1 < n and pattern[i + 1] in "?+":
+                out.append(c)
+                i += 2
+                self.notes.add("lazy or possessive quantifier -> greedy (same lines match)")
+            elif c == "{":
+                m = re.match(r"\{\d*(?:,\d*)?\}", pattern[i:])
+                if m and m.group() != "{}":
+                    out.append(m.group())
+                    i += m.end()
+                else:
+                    out.append(r"\{")
+                    i += 1
+            elif c == "}":
+                out.append(r"\}")
+                i += 1
+            else:
+                out.append(c)
+                i += 1
+        return "".join(out)
+
+    def _escape(self, p: str, i: int) -> tuple[int, str]:
+        e = p[i + 1] if i + 1 < len(p) else "\\"
+        if e in ATOM_ESCAPES:
+            if e in "sSwW":
+                self.notes.add(r"\s \w classes are ASCII under LC_ALL=C (Unicode in forensics)")
+            return i + 2, ATOM_ESCAPES[e]
+        if e == "x":
+            char = chr(int(p[i + 2 : i + 4], 16))
+            return i + 4, ("\\" + char) if char in ERE_SPECIAL else char
+        if e.isdigit():
+            self.notes.add("backreference -> dropped")
+            return i + 2, ""
+        return i + 2, ("\\" + e) if e in ERE_SPECIAL else e
+
+    def _group_open(self, p: str, i: int) -> tuple[int, str]:
+        if not p.startswith("(?", i):
+            return i + 1, "("
+        if p.startswith("(?:", i):
+            return i + 3, "("
+        m = re.match(r"\(\?P<\w+>", p[i:])
+        if m:
+            return i + m.end(), "("
+        m = re.match(r"\(\?([aiLmsux]+)\)", p[i:])
+        if m:
+            if "i" in m[1]:
+                self.notes.add("(?i) -> case-sensitive (grep -i would apply to every rule)")
+            return i + m.end(), ""
+        m = re.match(r"\(\?(?:=|!|<=|<!)", p[i:])
+        if m:
+            self.notes.add("lookaround -> dropped (the rest of the pattern is kept, a superset)")
+            return self._skip_group(p, i), ""
+        raise ValueError(f"no ERE form for the group at {p[i : i + 12]!r} in {p!r}")
+
+    @staticmethod
+    def _skip_group(p: str, i: int) -> int:
+        depth = 0
+        j = i
+        while j < len(p):
+            if p[j] == "\\":
+                j += 2
+                continue
+            if p[j] == "[":
+                j = EreConverter._bracket_end(p, j)
+                continue
+            if p[j] == "(":
+                depth += 1
+            elif p[j] == ")":
+                depth -= 1
+                if depth == 0:
+                    return j + 1
+            j += 1
+        return j
+
+    @staticmethod
+    def _bracket_end(p: str, i: int) -> int:
+        j = i + 1
+        if j < len(p) and p[j] == "^":
+            j += 1
+        if j < len(p) and p[j] == "]":
+            j += 1
+        while j < len(p) and p[j] != "]":
+            j += 2 if p[j] == "\\" else 1
+        return j + 1
+
+    def _bracket(self, p: str, i: int) -> tuple[int, str]:
+        end = self._bracket_end(p, i)
+        body = p[i + 1 : end - 1]
+        negate = body.startswith("^")
+        if negate:
+            body = body[1:]
+        items: list[str] = []
+        close = dash = caret = False
+        j = 0
+        while j < len(body):
+            c = body[j]
+            if c == "\\" and j + 1 < len(body):
+                e = body[j + 1]
+                j += 2
+                if e in CLASS_ESCAPES:
+                    items.append(CLASS_ESCAPES[e])
+                elif e in "SWD":
+                    self.notes.add(r"negated class escape inside [...] -> dropped")
+                elif e == "]":
+                    close = True
+                elif e == "-":
+                    dash = True
+                elif e == "^":
+                    caret = True
+                elif e == "x":
+                    items.append(chr(int(body[j : j + 2], 16)))
+                    j += 2
+                elif e == "t":
+                    items.append("\t")
+                else:
+                    items.append(e)
+                continue
+            if c == "]":
+                close = True
+            elif c == "^":
+                caret = True
+            elif c == "-" and (j == 0 or j == len(body) - 1):
+                dash = True
+            else:
+                items.append(c)
+            j += 1
+        text = ("]" if close else "") + "".join(items) + ("^" if caret else "") + ("-" if dash else "")
+        if text.startswith("^"):  # a lone literal caret cannot come first
+            text = text[1:] + "^"
+        return end, "[" + ("^" if negate else "") + text + "]"
+
+
+def patterns() -> list[str]:
+    """The same patterns the scanner combines: every extractor trigger and every rule clause."""
+    rules = load_rule_set([])
+    found = [e.trigger for e in line_extractors()]
+    found += [clause.regex for rule in rules for clause in rule.match]
+    return found
+
+
+def text_files(run_dir: Path) -> list[Path]:
+    return [f.path for f in discover([run_dir]).files if f.kind == TEXT_LOG]
+
+
+def timed(fn, repeat: int) -> tuple[float, list[float], object]:
+    times = []
+    result = None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times, result
+
+
+def run_grep(ere: str, files: list[Path]) -> int:
+    proc = subprocess.run(
+        ["grep", "-a", "-c", "-E", "-e", ere, "--", *map(str, files)],
+        env={**os.environ, "LC_ALL": "C"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode > 1:
+        raise RuntimeError(f"grep failed: {proc.stderr.strip()}")
+    total = 0
+    for line in proc.stdout.splitlines():
+        total += int(line.rsplit(":", 1)[-1])
+    return total
+
+
+def run_python_loop(compiled: list[re.Pattern], files: list[Path]) -> int:
+    total = 0
+    for path in files:
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                for pattern in compiled:
+                    if pattern.search(line):
+                        total += 1
+                        break
+    return total
+
+
+def run_forensics(run_dir: Path):
+    return analyze([run_dir], Options())
+
+
+def peak_rss(run_dir: Path) -> tuple[float, float, str]:
+    """(peak RSS in MiB, seconds, verdict) of `analyze` in a fresh child process, from its own rusage."""
+    code = (
+        "import sys; from pathlib import Path; from forensics.analyze import analyze;"
+        "a = analyze([Path(sys.argv[1])]); r = a.verdict.root_cause;"
+        "print(f'{r.cls} on rank {r.rank}' if r else 'healthy')"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode:
+            raise RuntimeError(f"analyze failed on {run_dir}: {err.read().decode()[-2000:]}")
+        return usage.ru_maxrss / 1024, seconds, out.read().decode().strip()
+
+
+def folder_bytes(files: list[Path]) -> int:
+    return sum(p.stat().st_size for p in files)
+
+
+def verdict_check(run_dir: Path, analysis) -> str:
+    truth_file = Path(f"{run_dir}.truth.json")
+    root = analysis.verdict.root_cause
+    got = f"{root.cls} on rank {root.rank}" if root else "healthy"
+    if not truth_file.is_file():
+        return f"verdict: {got} (no {truth_file.name} to check against)"
+    truth = json.loads(truth_file.read_text())["root_cause"]
+    ok = root is not None and root.cls == truth["class"] and root.rank == truth["rank"]
+    return f"verdict: {got}; injected: {truth['class']} on rank {truth['rank']} -> {'RIGHT' if ok else 'WRONG'}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of forensics and grep (median)")
+    parser.add_argument("--python-repeat", type=int, default=1, help="timed runs of the (slow) Python loop")
+    parser.add_argument("--memory", type=Path, nargs="*", default=[], help="more run folders to measure peak RSS on")
+    parser.add_argument("--skip-python", action="store_true", help="leave out the Python loop")
+    args = parser.parse_args(argv)
+
+    files = text_files(args.run_dir)
+    size = folder_bytes(files)
+    pats = patterns()
+    conv = EreConverter()
+    ere = "|".join(f"({conv.convert(p)})" for p in pats)
+    print(f"run: {args.run_dir}  text files: {len(files)}  bytes: {size / 2**30:.2f} GiB  patterns: {len(pats)}")
+    for note in sorted(conv.notes):
+        print(f"  ERE conversion: {note}")
+
+    subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
+
+    t_grep, all_grep, grep_lines = timed(lambda: run_grep(ere, files), args.repeat)
+    t_fx, all_fx, analysis = timed(lambda: run_forensics(args.run_dir), args.repeat)
+    print(f"grep -c -E (LC_ALL=C)   median {t_grep:7.2f} s  runs {fmt(all_grep)}  matching lines {grep_lines}")
+    print(f"forensics analyze       median {t_fx:7.2f} s  runs {fmt(all_fx)}  events {analysis.events.height}")
+    print(f"  stages: {', '.join(f'{k} {v:.2f} s' for k, v in analysis.timings.items())}")
+    print(f"  forensics / grep        = {t_fx / t_grep:5.2f}x   (goal <= 1.5x)")
+    if not args.skip_python:
+        compiled = [re.compile(p) for p in pats]
+        t_py, all_py, py_lines = timed(lambda: run_python_loop(compiled, files), args.python_repeat)
+        print(f"Python re loop          median {t_py:7.2f} s  runs {fmt(all_py)}  matching lines {py_lines}")
+        print(f"  Python loop / forensics = {t_py / t_fx:5.2f}x   (goal >= 5x)")
+    print(f"  throughput: forensics {size / t_fx / 2**20:.0f} MiB/s, grep {size / t_grep / 2**20:.0f} MiB/s")
+    print(verdict_check(args.run_dir, analysis))
+
+    measured = []
+    for folder in [args.run_dir, *args.memory]:
+        folder_size = folder_bytes(text_files(folder))
+        rss, seconds, verdict = peak_rss(folder)
+        measured.append((folder_size, rss))
+        print(
+            f"peak RSS {rss:7.1f} MiB  input {folder_size / 2**30:5.2f} GiB  ({seconds:.1f} s, verdict {verdict})"
+            f"  {folder}"
+        )
+    if len(measured) > 1:
+        small, large = min(measured), max(measured)
+        print(
+            f"  peak RSS at {large[0] / 2**30:.1f} GiB / at {small[0] / 2**30:.1f} GiB = {large[1] / small[1]:.2f}"
+            "   (goal <= 1.20; and <= 500 MiB)"
+        )
+    return 0
+
+
+def fmt(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.2f}" for v in values) + "]"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
