@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -215,30 +216,57 @@ def text_files(run_dir: Path) -> list[Path]:
     return [f.path for f in discover([run_dir]).files if f.kind == TEXT_LOG]
 
 
-def timed(fn, repeat: int) -> tuple[float, list[float], object]:
-    times = []
-    result = None
-    for _ in range(repeat):
+@dataclass
+class Timing:
+    """Wall and CPU seconds of each run of one contender."""
+
+    name: str
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.wall)
+
+    @property
+    def median_cpu(self) -> float:
+        return statistics.median(self.cpu)
+
+    def line(self, extra: str) -> str:
+        return (
+            f"{self.name:24} median {self.median:7.2f} s wall, {self.median_cpu:7.2f} s CPU"
+            f"   runs {fmt(self.wall)}   {extra}"
+        )
+
+
+def run_in_process(fn, timing: Timing):
+    """Run `fn` here, adding its wall and CPU (all threads) time to `timing`."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    result = fn()
+    timing.wall.append(time.perf_counter() - t0)
+    timing.cpu.append(time.process_time() - c0)
+    return result
+
+
+def run_grep(ere: str, files: list[Path], timing: Timing) -> int:
+    """`grep -c` over every file; counts the matching lines, and times grep with its own rusage."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), times, result
-
-
-def run_grep(ere: str, files: list[Path]) -> int:
-    proc = subprocess.run(
-        ["grep", "-a", "-c", "-E", "-e", ere, "--", *map(str, files)],
-        env={**os.environ, "LC_ALL": "C"},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode > 1:
-        raise RuntimeError(f"grep failed: {proc.stderr.strip()}")
-    total = 0
-    for line in proc.stdout.splitlines():
-        total += int(line.rsplit(":", 1)[-1])
-    return total
+        proc = subprocess.Popen(
+            ["grep", "-a", "-c", "-E", "-e", ere, "--", *map(str, files)],
+            env={**os.environ, "LC_ALL": "C"},
+            stdout=out,
+            stderr=err,
+        )
+        _, status, usage = os.wait4(proc.pid, 0)
+        timing.wall.append(time.perf_counter() - t0)
+        timing.cpu.append(usage.ru_utime + usage.ru_stime)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode > 1:
+            err.seek(0)
+            raise RuntimeError(f"grep failed: {err.read().decode().strip()}")
+        out.seek(0)
+        return sum(int(line.rsplit(b":", 1)[-1]) for line in out.read().splitlines())
 
 
 def run_python_loop(compiled: list[re.Pattern], files: list[Path]) -> int:
@@ -313,19 +341,31 @@ def main(argv: list[str] | None = None) -> int:
 
     subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
 
-    t_grep, all_grep, grep_lines = timed(lambda: run_grep(ere, files), args.repeat)
-    t_fx, all_fx, analysis = timed(lambda: run_forensics(args.run_dir), args.repeat)
-    print(f"grep -c -E (LC_ALL=C)   median {t_grep:7.2f} s  runs {fmt(all_grep)}  matching lines {grep_lines}")
-    print(f"forensics analyze       median {t_fx:7.2f} s  runs {fmt(all_fx)}  events {analysis.events.height}")
-    print(f"  stages: {', '.join(f'{k} {v:.2f} s' for k, v in analysis.timings.items())}")
-    print(f"  forensics / grep        = {t_fx / t_grep:5.2f}x   (goal <= 1.5x)")
+    # interleaved, so that both see the same load on a shared machine
+    grep, fx = Timing("grep -c -E (LC_ALL=C)"), Timing("forensics analyze")
+    for _ in range(args.repeat):
+        grep_lines = run_grep(ere, files, grep)
+        analysis = run_in_process(lambda: run_forensics(args.run_dir), fx)
+    print(grep.line(f"matching lines {grep_lines}"))
+    print(fx.line(f"events {analysis.events.height}"))
+    print(f"  stages (last run): {', '.join(f'{k} {v:.2f} s' for k, v in analysis.timings.items())}")
+    print(
+        f"  forensics / grep        = {fx.median / grep.median:5.2f}x wall   (goal <= 1.5x);"
+        f"  {fx.median_cpu / grep.median_cpu:5.2f}x CPU"
+    )
     if not args.skip_python:
         compiled = [re.compile(p) for p in pats]
-        t_py, all_py, py_lines = timed(lambda: run_python_loop(compiled, files), args.python_repeat)
-        print(f"Python re loop          median {t_py:7.2f} s  runs {fmt(all_py)}  matching lines {py_lines}")
-        print(f"  Python loop / forensics = {t_py / t_fx:5.2f}x   (goal >= 5x)")
-    print(f"  throughput: forensics {size / t_fx / 2**20:.0f} MiB/s, grep {size / t_grep / 2**20:.0f} MiB/s")
+        py = Timing("Python re loop")
+        for _ in range(args.python_repeat):
+            py_lines = run_in_process(lambda: run_python_loop(compiled, files), py)
+        print(py.line(f"matching lines {py_lines}"))
+        print(
+            f"  Python loop / forensics = {py.median / fx.median:5.2f}x wall   (goal >= 5x);"
+            f"  {py.median_cpu / fx.median_cpu:5.2f}x CPU"
+        )
+    print(f"  throughput: forensics {size / fx.median / 2**20:.0f} MiB/s, grep {size / grep.median / 2**20:.0f} MiB/s")
     print(verdict_check(args.run_dir, analysis))
+    print(f"  load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
     measured = []
     for folder in [args.run_dir, *args.memory]:
