@@ -30,6 +30,7 @@ MAX_HITS_PER_FILE = 200_000  # a flood of matches stops being read, with a warni
 # Above this many candidate lines in a batch, the alternation of all patterns confirms them in Rust before
 # Python looks; below it, Python's dispatch is cheaper than that regex's fixed cost per call (~0.5 ms).
 CONFIRM_IN_RUST_ABOVE = 128
+LOOKBACK_LINES = 64  # how far above an undated error its time is looked for (a long traceback fits)
 
 
 def prefilter_form(pattern: str) -> str:
@@ -141,6 +142,7 @@ class TextScanner:
 
     def _scan_batch(self, batch: LineBatch, rel: str, fctx: FileContext, sink: Sink) -> int:
         found = 0
+        earlier = _EarlierTimestamps(batch, fctx)
         for pos in self.candidate_rows(batch):
             text = batch.text(pos)
             patterns = self.patterns_matching(text)
@@ -148,10 +150,10 @@ class TextScanner:
                 continue
             found += 1
             hit = Hit(rel, batch.line_number(pos), text, attribute(text, fctx), batch, pos, fctx)
-            self._handle(hit, patterns, sink)
+            self._handle(hit, patterns, sink, earlier)
         return found
 
-    def _handle(self, hit: Hit, patterns: list[_Pattern], sink: Sink) -> None:
+    def _handle(self, hit: Hit, patterns: list[_Pattern], sink: Sink, earlier: _EarlierTimestamps) -> None:
         rec = LineRecord(hit)
         seen_rules: set[str] = set()
         for pattern in patterns:
@@ -160,6 +162,12 @@ class TextScanner:
             elif pattern.rule is not None and pattern.rule.id not in seen_rules:
                 seen_rules.add(pattern.rule.id)
                 self._apply_rule(pattern.rule, rec)
+        if hit.ctx.ts is not None:
+            earlier.seen(hit.index, hit.ctx.ts)
+        elif rec.rules or rec.level in ("error", "critical"):
+            # a traceback line has no time; the logging line printed just before it has one
+            hit.ctx.ts = earlier.before(hit.index)
+            rec.ts_inferred = hit.ctx.ts is not None
         if rec.rules or (rec.kind and rec.notable):
             sink.record(rec)
 
@@ -178,6 +186,37 @@ class TextScanner:
         window = [body, *rec.hit.following(rule.extract_window)] if rule.extract_window else [body]
         for key, value in rule.extract_fields(window).items():
             rec.fields.setdefault(key, value)
+
+
+class _EarlierTimestamps:
+    """The time of the nearest stamped line before a hit, among the LOOKBACK_LINES lines above it.
+
+    The lines that matched nothing never reach Python, and many carry the only time near a traceback. They
+    are read backwards from a hit on demand, each line at most once per batch, so the cost stays bounded
+    by the hits that need it.
+    """
+
+    def __init__(self, batch: LineBatch, fctx: FileContext):
+        self.batch = batch
+        self.fctx = fctx
+        self.floor = 0  # lines below this index were read already (or are out of reach)
+        self.last: tuple[int, datetime] | None = None  # the latest stamped line found so far
+
+    def seen(self, index: int, ts: datetime) -> None:
+        self.last = (index, ts)
+        self.floor = max(self.floor, index)
+
+    def before(self, index: int) -> datetime | None:
+        reach = max(0, index - LOOKBACK_LINES)
+        for i in range(index - 1, max(self.floor, reach) - 1, -1):
+            ts = attribute(self.batch.text(i), self.fctx).ts
+            if ts is not None:
+                self.last = (i, ts)
+                break
+        self.floor = max(self.floor, index)
+        if self.last is not None and self.last[0] >= reach:
+            return self.last[1]
+        return None
 
 
 def _with_year(fctx: FileContext, path: Path) -> FileContext:

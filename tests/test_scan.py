@@ -9,7 +9,7 @@ import pytest
 
 from forensics import scan as scan_module
 from forensics.analyze import load_rule_set
-from forensics.scan import CONFIRM_IN_RUST_ABOVE, TextScanner
+from forensics.scan import CONFIRM_IN_RUST_ABOVE, LOOKBACK_LINES, TextScanner
 from forensics.sources import line_extractors
 from forensics.sources.base import Sink
 from forensics.textio import iter_line_batches
@@ -123,3 +123,32 @@ def test_a_read_error_mid_file_is_a_warning_with_the_line_reached(tmp_path, monk
     lines, warnings = _scanner().scan(path, "x.log", Sink(), read_ahead=read_ahead)
     assert warnings == [f"x.log: read stopped at line {lines}: OSError: Input/output error"]
     assert 0 < lines < 5000
+
+
+def _oom_run(tmp_path: Path, gap: int) -> pl.DataFrame:
+    lines = [
+        "2025-10-16 02:08:01,120 - verl.workers.fsdp_workers - INFO - step 63: update_actor micro batch 3/8",
+        *["gpu-a018:3276835:3276875 [1] NCCL INFO AllReduce: opCount 1a2 count 1024 datatype 7"] * gap,
+        "Traceback (most recent call last):",
+        '  File "/opt/verl/verl/workers/actor/dp_actor.py", line 432, in update_policy',
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.42 GiB. GPU 1 has a total capacity of "
+        "79.19 GiB of which 2.31 GiB is free.",
+    ]
+    path = tmp_path / "stderr.log"
+    path.write_text("\n".join(lines) + "\n")
+    return _events(_scanner(), path, "torchrun_logs/r/attempt_0/145/stderr.log")
+
+
+def test_an_undated_error_takes_the_time_of_the_stamped_line_above_it(tmp_path):
+    events = _events_with_rule(_oom_run(tmp_path, gap=20), "cuda-oom")
+    assert events.select("line", "rank", "ts_inferred").row(0) == (24, 145, True)
+    assert str(events["ts"][0]) == "2025-10-16 02:08:01.120000+00:00"
+
+
+def test_a_time_further_up_than_the_lookback_is_not_borrowed(tmp_path):
+    events = _events_with_rule(_oom_run(tmp_path, gap=LOOKBACK_LINES + 5), "cuda-oom")
+    assert events.select("ts", "ts_inferred").row(0) == (None, False)
+
+
+def _events_with_rule(events: pl.DataFrame, rule_id: str) -> pl.DataFrame:
+    return events.filter(pl.col("fields").str.contains(f'"{rule_id}"', literal=True))
