@@ -255,54 +255,65 @@ def nccl_prefix(rk: Rank, tid: int) -> str:
 
 
 def nccl_init_block(plan: Plan, rk: Rank, comm_index: int, rng: random.Random, first: bool) -> list[str]:
-    """The INFO lines of one communicator's creation, in the order NCCL 2.21 prints them."""
+    """The INFO lines of one communicator's creation, in the order NCCL 2.28.9 prints them (GPU captures)."""
     comm, comm_id = plan.comms[comm_index]
     comm = f"0x{int(comm, 16) + rk.rank * 0x1000:x}"
-    tid = rk.pid + 40 + comm_index * 7
-    p = nccl_prefix(rk, tid)
-    p0 = nccl_prefix(rk, rk.pid)
+    p = nccl_prefix(rk, rk.pid)
     n = plan.world
     nodes = max(1, n // GPUS_PER_NODE)
     out: list[str] = []
     if first:
         out += [
-            f"{p0}Bootstrap : Using eth0:{rk.ip}<0>",
-            f"{p0}NET/Plugin : dlerror=libnccl-net.so: cannot open shared object file: No such file or directory "
-            "No plugin found (libnccl-net.so), using internal implementation",
-            f"{p0}cudaDriverVersion 12040",
-            f"{rk.host}:{rk.pid}:{rk.pid} [{rk.dev}] NCCL INFO NCCL version 2.21.5+cuda12.4",
+            f"{p}ENV/Plugin: Could not find: libnccl-env.so",
+            f"{p}Bootstrap: Using eth0:{rk.ip}<0>",
+            f"{p}cudaDriverVersion 13000",
+            f"{p}NCCL version 2.28.9+cuda13.0",
+            f"{p}Comm config Blocking set to 1",
+            f"{p}NET/Plugin: Could not find: libnccl-net.so",
+            f"{p}NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB [2]mlx5_2:1/IB [3]mlx5_3:1/IB [RO]; OOB eth0:{rk.ip}<0>",
+            f"{p}Initialized NET plugin IB",
         ]
     out += [
-        f"{p}Plugin Path : /opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so",
-        f"{p}P2P plugin IBext_v8",
-        f"{p}NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB [2]mlx5_2:1/IB [3]mlx5_3:1/IB [RO]; OOB eth0:{rk.ip}<0>",
-        f"{p}Using non-device net plugin version 0",
+        f"{p}Assigned NET plugin IB to comm",
         f"{p}Using network IB",
-        f"{p}ncclCommInitRank comm {comm} rank {rk.rank} nranks {n} cudaDev {rk.dev} nvmlDev {rk.dev} "
+        f"{p}ncclCommInitRankConfig comm {comm} rank {rk.rank} nranks {n} cudaDev {rk.dev} nvmlDev {rk.dev} "
         f"busId {rk.bus} commId {comm_id} - Init START",
-        f"{p}Setting affinity for GPU {rk.dev} to ffffffff,ffffffff,00000000,00000000",
-        f"{p}NVLS multicast support is not available on dev {rk.dev}",
+        f"{p}RAS client listening socket at 127.0.0.1<28028>",
+        f"{p}Bootstrap timings total {rng.uniform(0.0004, 2):.6f} (create 0.000019, send 0.000067, "
+        f"recv {rng.uniform(0.0001, 1.5):.6f}, ring 0.000061, delay 0.000001)",
+        f"{p}MNNVL busId 0x{rk.bus} fabric UUID 0.0 cliqueId 0x0 state 3 healthMask 0x0",
+        f"{p}ncclTopoGetCpuAffinity: Affinity for GPU {rk.dev} is empty, ignoring. (GPU affinity =  ; "
+        "CPU affinity = 0-127).",
+        f"{p}NCCL_NVLS_ENABLE set by environment to 0.",
         f"{p}comm {comm} rank {rk.rank} nRanks {n} nNodes {nodes} localRanks {GPUS_PER_NODE} "
         f"localRank {rk.dev} MNNVL 0",
     ]
-    prev, nxt = (rk.rank - 1) % n, (rk.rank + 1) % n
+    order = " ".join(str(r) for r in range(n))
+    out += [f"{p}Channel {ch:02d}/24 : {order}" for ch in range(24)]
     up = (rk.rank - 1) // 2 if rk.rank else -1
-    trees = " ".join(
-        f"[{c}] {min(2 * rk.rank + 1, n - 1) if 2 * rk.rank + 1 < n else -1}/"
-        f"{2 * rk.rank + 2 if 2 * rk.rank + 2 < n else -1}/-1->{rk.rank}->{up}"
-        for c in range(4)
-    )
-    out.append(f"{p}Trees {trees}")
-    out.append(f"{p}P2P Chunksize set to 524288")
-    order = " ".join(f"{r:3d}" for r in range(n))
-    for ch in range(8):
-        out.append(f"{p}Channel {ch:02d}/24 : {order}")
-    for ch in range(8):
-        out.append(f"{p}Ring {ch:02d} : {prev} -> {rk.rank} -> {nxt}")
-    same_node = rk.dev < GPUS_PER_NODE - 1
+    down = "/".join(str(c) if c < n else "-1" for c in (2 * rk.rank + 1, 2 * rk.rank + 2)) + "/-1"
+    out.append(f"{p}Trees " + " ".join(f"[{c}] {down}->{rk.rank}->{up}" for c in range(24)))
+    out += [
+        f"{p}P2P Chunksize set to 524288",
+        f"{p}PROFILER/Plugin: Could not find: libnccl-profiler.so",
+        f"{p}Check P2P Type isAllDirectP2p 0 directMode 0 isAllCudaP2p 1",
+        f"{nccl_prefix(rk, rk.pid + 21 + comm_index)}[Proxy Service] Device {rk.dev} CPU core {rng.randint(0, 99)}",
+        f"{nccl_prefix(rk, rk.pid + 22 + comm_index)}[Proxy Service UDS] Device {rk.dev} CPU core {rng.randint(0, 99)}",
+        f"{p}TUNER/Plugin: Could not find: libnccl-tuner.so",
+        f"{p}threadThresholds 8/8/64 | {8 * n}/8/64 | 512 | 512",
+        f"{p}24 coll channels, 24 collnet channels, 0 nvls channels, 32 p2p channels, 32 p2p channels per peer",
+        f"{p}CC Off, workFifoBytes 1048576",
+        f"{p}ncclCommInitRankConfig comm {comm} rank {rk.rank} nranks {n} cudaDev {rk.dev} nvmlDev {rk.dev} "
+        f"busId {rk.bus} commId {comm_id} - Init COMPLETE",
+        f"{p}Init timings - ncclCommInitRankConfig: rank {rk.rank} nranks {n} total {rng.uniform(0.4, 9):.2f} "
+        f"(kernels {rng.uniform(0.1, 0.4):.2f}, alloc {rng.uniform(0, 0.05):.2f}, bootstrap {rng.uniform(0.0, 5):.2f}, "
+        f"allgathers {rng.uniform(0, 0.2):.2f}, topo {rng.uniform(0.01, 0.6):.2f}, graphs {rng.uniform(0, 0.05):.2f}, "
+        f"connections {rng.uniform(0.01, 2):.2f}, rest {rng.uniform(0, 0.1):.2f})",
+    ]
+    prev, nxt = (rk.rank - 1) % n, (rk.rank + 1) % n
     for ch in range(24):
-        if same_node:
-            out.append(f"{p}Channel {ch:02d}/0 : {rk.rank}[{rk.dev}] -> {nxt}[{nxt % GPUS_PER_NODE}] via P2P/IPC")
+        if rk.dev < GPUS_PER_NODE - 1:
+            out.append(f"{p}Channel {ch:02d}/0 : {rk.rank}[{rk.dev}] -> {nxt}[{nxt % GPUS_PER_NODE}] via P2P/CUMEM")
         else:
             out.append(
                 f"{p}Channel {ch:02d}/0 : {rk.rank}[{rk.dev}] -> {nxt}[{nxt % GPUS_PER_NODE}] [send] "
@@ -312,21 +323,7 @@ def nccl_init_block(plan: Plan, rk: Rank, comm_index: int, rng: random.Random, f
                 f"{p}Channel {ch:02d}/0 : {prev}[{prev % GPUS_PER_NODE}] -> {rk.rank}[{rk.dev}] [receive] "
                 f"via NET/IB/{ch % 4}/GDRDMA"
             )
-    out += [
-        f"{p}Connected all rings",
-        f"{p}Connected all trees",
-        f"{p}threadThresholds 8/8/64 | {8 * n}/8/64 | 512 | 512",
-        f"{p}24 coll channels, 24 collnet channels, 0 nvls channels, 32 p2p channels, 32 p2p channels per peer",
-        f"{p}TUNER/Plugin: Plugin load returned 2 : libnccl-net.so: cannot open shared object file: "
-        "No such file or directory : when loading libnccl-tuner.so",
-        f"{p}TUNER/Plugin: Using internal tuner plugin.",
-        f"{p}ncclCommInitRank comm {comm} rank {rk.rank} nranks {n} cudaDev {rk.dev} nvmlDev {rk.dev} "
-        f"busId {rk.bus} commId {comm_id} - Init COMPLETE",
-        f"{p}Init timings - ncclCommInitRank: rank {rk.rank} nranks {n} total {rng.uniform(0.8, 9):.2f} "
-        f"(kernels {rng.uniform(0.1, 0.4):.2f}, alloc {rng.uniform(0, 0.05):.2f}, bootstrap {rng.uniform(0.2, 5):.2f}, "
-        f"allgathers {rng.uniform(0, 0.2):.2f}, topo {rng.uniform(0.1, 0.6):.2f}, graphs {rng.uniform(0, 0.05):.2f}, "
-        f"connections {rng.uniform(0.1, 2):.2f}, rest {rng.uniform(0, 0.1):.2f})",
-    ]
+    out.append(f"{p}Connected all rings, use ring PXN 0 GDR 1")
     return out
 
 
@@ -409,29 +406,32 @@ def harmless_traceback(rng: random.Random) -> list[str]:
 
 
 def oom_traceback(plan: Plan, rk: Rank) -> list[str]:
+    """The failing rank's traceback; the OutOfMemoryError line as torch 2.11 prints it (GPU captures)."""
     rng = random.Random(f"{plan.seed}:oom")  # the same event in every file that shows it
-    tried = rng.choice(["3.15", "7.42", "11.87", "18.53"])
-    free = rng.uniform(0.9, 2.9)
-    in_use = 79.19 - free
-    alloc = in_use - rng.uniform(4, 7)
+    tried = rng.choice(["3.15", "7.42", "11.87", "18.55"])
+    free = rng.uniform(0.9, 7.9)
+    in_use = 139.80 - free
+    alloc = in_use - rng.uniform(0.2, 3)
     return [
         "Traceback (most recent call last):",
         '  File "/opt/verl/verl/single_controller/ray/base.py", line 701, in func',
         "    return getattr(self.worker_dict[key], name)(*args, **kwargs)",
+        "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
         '  File "/opt/verl/verl/workers/fsdp_workers.py", line 810, in update_actor',
         "    metrics = self.actor.update_policy(data=data)",
+        "              ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
         '  File "/opt/verl/verl/workers/actor/dp_actor.py", line 432, in update_policy',
         "    entropy, log_prob = self._forward_micro_batch(model_inputs, temperature=temperature)",
+        "                        ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
         '  File "/opt/verl/verl/workers/actor/dp_actor.py", line 187, in _forward_micro_batch',
         "    logits_rmpad = output.logits.squeeze(0)  # (total_nnz, vocab_size)",
-        '  File "/usr/local/lib/python3.10/dist-packages/torch/nn/modules/module.py", line 1751, in _call_impl',
-        "    return forward_call(*args, **kwargs)",
         f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried} GiB. GPU {rk.dev} has a total capacity "
-        f"of 79.19 GiB of which {free:.2f} GiB is free. Including non-PyTorch memory, this process has "
+        f"of 139.80 GiB of which {free:.2f} GiB is free. Including non-PyTorch memory, this process has "
         f"{in_use:.2f} GiB memory in use. Of the allocated memory {alloc:.2f} GiB is allocated by PyTorch, and "
-        f"{in_use - alloc - 0.6:.2f} GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is "
-        "large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation "
-        "for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
+        f"{(in_use - alloc) * 1024 * 0.1:.2f} MiB is reserved by PyTorch but unallocated. If reserved but unallocated "
+        "memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        "documentation for Memory Management  "
+        "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)",
     ]
 
 
@@ -439,41 +439,81 @@ def seq_at_failure(plan: Plan) -> int:
     return 460 * plan.fail_step + 17
 
 
+DUMP_HINT = (
+    "This is most likely caused by incorrect usages of collectives, e.g., wrong sizes used across ranks, the order "
+    "of collectives is not same for all ranks or the scheduled collective, for some reason, didn't run. Additionally, "
+    "this can be caused by GIL deadlock or other reasons such as network errors or bugs in the communications "
+    "library (e.g. NCCL), etc. "
+)
+ABORT_FRAMES = [
+    "frame #0: c10::Error::Error(c10::SourceLocation, std::__cxx11::basic_string<char, std::char_traits<char>, "
+    "std::allocator<char> >) + 0x9d (0x7fb5f0d7305d in "
+    "/opt/torch/.venv/lib/python3.12/site-packages/torch/lib/libc10.so)",
+    "frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration<long, "
+    "std::ratio<1l, 1000l> > >) + 0x2a7 (0x7fb53c302ba7 in "
+    "/opt/torch/.venv/lib/python3.12/site-packages/torch/lib/libtorch_cuda.so)",
+    "frame #2: c10d::ProcessGroupNCCL::Watchdog::runLoop() + 0x17b1 (0x7fb53c307fc1 in "
+    "/opt/torch/.venv/lib/python3.12/site-packages/torch/lib/libtorch_cuda.so)",
+    "frame #3: <unknown function> + 0xecdb4 (0x7fb5c0eecdb4 in /lib/x86_64-linux-gnu/libstdc++.so.6)",
+    "",
+]
+
+
 def watchdog_lines(plan: Plan, rk: Rank) -> list[str]:
-    """ProcessGroupNCCL's report on a rank that waited for the OOM rank, as PyTorch 2.6 prints it."""
+    """ProcessGroupNCCL's report on a rank that waited for the OOM rank, as torch 2.11 prints it (GPU captures)."""
     rng = random.Random(f"{plan.seed}:watchdog:{rk.rank}")
     ts = plan.watchdog_time + timedelta(milliseconds=rng.randint(0, 900))
     seq = seq_at_failure(plan)
+    enq = seq + rng.randint(0, 4)
     ran = WATCHDOG_MS + rng.randint(3, 2500)
     pg = f"[PG ID 0 PG GUID 0(default_pg) Rank {rk.rank}]"
-    work = f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=262144, NumelOut=262144, Timeout(ms)={WATCHDOG_MS})"
-    head = f"[rank{rk.rank}]:[E{glog(ts)} ProcessGroupNCCL.cpp"
+    work = f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=524288, NumelOut=524288, Timeout(ms)={WATCHDOG_MS})"
+    timeout = (
+        f"[Rank {rk.rank}] Watchdog caught collective operation timeout: {work} ran for {ran} milliseconds "
+        "before timing out."
+    )
+
+    def head(line: int, later_ms: int = 0) -> str:
+        return f"[rank{rk.rank}]:[E{glog(ts + timedelta(milliseconds=later_ms))} ProcessGroupNCCL.cpp:{line}]"
+
     return [
-        f"{head}:632] [Rank {rk.rank}] Watchdog caught collective operation timeout: {work} ran for {ran} "
-        "milliseconds before timing out.",
-        f"{head}:2271] {pg} failure detected by watchdog at work sequence id: {seq} PG status: last enqueued work: "
-        f"{seq}, last completed work: {seq - 1}",
-        f"{head}:670] Stack trace of the failed collective not found, potentially because FlightRecorder is disabled. "
+        f"{head(689)} {timeout}",
+        f"{head(2303)} {pg}  failure detected by watchdog at work sequence id: {seq} PG status: last enqueued work: "
+        f"{enq}, last completed work: {seq - 1}",
+        f"{head(736)} Stack trace of the failed collective not found, potentially because FlightRecorder is disabled. "
         "You can enable it by setting TORCH_NCCL_TRACE_BUFFER_SIZE to a non-zero value.",
-        f"{head}:1785] {pg} Exception (either an error or timeout) detected by watchdog at work: {seq}, last enqueued "
-        f"NCCL work: {seq}, last completed NCCL work: {seq - 1}.",
-        f"{head}:1834] {pg} Timeout at NCCL work: {seq}, last enqueued NCCL work: {seq}, last completed NCCL work: "
-        f"{seq - 1}.",
-        f"{head}:630] {pg} Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA "
-        "kernels, subsequent GPU operations might run on corrupted/incomplete data.",
-        f"{head}:636] {pg} To avoid data inconsistency, we are taking the entire process down.",
-        f"{head}:1595] {pg} Process group watchdog thread terminated with exception: [Rank {rk.rank}] Watchdog caught "
-        f"collective operation timeout: {work} ran for {ran} milliseconds before timing out.",
-        "terminate called after throwing an instance of 'c10::DistBackendError'",
-        f"  what():  {pg} Process group watchdog thread terminated with exception: [Rank {rk.rank}] Watchdog caught "
-        f"collective operation timeout: {work} ran for {ran} milliseconds before timing out.",
-        "Exception raised from checkTimeout at /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:632 "
+        f"{head(2636, 3)} {pg} First PG on this rank to signal dumping.",
+        f"{head(1914, 550)} {pg} Received a dump signal due to a collective timeout from this local rank and we will "
+        f"try our best to dump the debug info. Last enqueued NCCL work: {enq}, last completed NCCL work: {seq - 1}."
+        + DUMP_HINT,
+        f"{head(1628, 551)} {pg} ProcessGroupNCCL preparing to dump debug info. Include stack trace: 1, only active "
+        "collectives: 0",
+        f"{head(750, 60_000)} [Rank {rk.rank}] Some NCCL operations have failed or timed out. Due to the asynchronous "
+        "nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.",
+        f"{head(764, 60_000)} [Rank {rk.rank}] To avoid data inconsistency, we are taking the entire process down.",
+        f"{head(2119, 60_001)} {pg} Process group watchdog thread terminated with exception: {timeout}",
+        "Exception raised from checkTimeout at /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:692 "
         "(most recent call first):",
-        "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f3a2d56c446 in "
-        "/usr/local/lib/python3.10/dist-packages/torch/lib/libc10.so)",
-        "frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration<long, "
-        "std::ratio<1l, 1000l> > >) + 0x282 (0x7f3a2e8a0772 in "
-        "/usr/local/lib/python3.10/dist-packages/torch/lib/libtorch_cuda.so)",
+        *ABORT_FRAMES,
+        "terminate called after throwing an instance of 'c10::DistBackendError'",
+        f"  what():  {pg} Process group watchdog thread terminated with exception: {timeout}",
+    ]
+
+
+def dump_signal_lines(plan: Plan, rk: Rank) -> list[str]:
+    """The OOM rank, still alive, receives the others' dump signal: its last enqueued work lags by one."""
+    ts = plan.watchdog_time + timedelta(milliseconds=310)
+    seq = seq_at_failure(plan)
+    pg = f"[PG ID 0 PG GUID 0(default_pg) Rank {rk.rank}]"
+    head = f"[rank{rk.rank}]:[E{glog(ts)} ProcessGroupNCCL.cpp"
+    other = 0 if rk.rank else 1
+    return [
+        f"{head}:1849] {pg} Observed flight recorder dump signal from another rank via TCPStore.",
+        f"{head}:1914] {pg} Received a dump signal due to a collective timeout from  rank {other} and we will try "
+        f"our best to dump the debug info. Last enqueued NCCL work: {seq - 1}, last completed NCCL work: {seq - 1}."
+        + DUMP_HINT,
+        f"{head}:1628] {pg} ProcessGroupNCCL preparing to dump debug info. Include stack trace: 1, only active "
+        "collectives: 0",
     ]
 
 
@@ -535,6 +575,8 @@ def write_rank_stream(plan: Plan, rk: Rank, out: BlockWriter, budget: int, rng: 
             f"max_token_len {rng.choice([16384, 24576, 32768])}"
         )
         for line in oom_traceback(plan, rk):
+            out.line(prefix + line)
+        for line in dump_signal_lines(plan, rk):
             out.line(prefix + line)
     else:
         for line in watchdog_lines(plan, rk):
@@ -723,8 +765,8 @@ def write_driver(plan: Plan, root: Path, budget: int) -> int:
         for line in watchdog_lines(plan, r)[:2]:
             out.line(prefixes[r.rank] + line)
     last = plan.ranks[-1] if plan.ranks[-1].rank != plan.oom_rank else plan.ranks[-2]
-    repeated = watchdog_lines(plan, last)[5].split(" Due to")[0].rstrip(".")
-    out.line(f"{prefixes[last.rank]}{repeated}. [repeated {plan.world - 18}x across cluster]")
+    repeated = next(x for x in watchdog_lines(plan, last) if "Some NCCL operations" in x).split(" Due to")[0]
+    out.line(f"{prefixes[last.rank]}{repeated} [repeated {plan.world - 18}x across cluster]")
     out.line("Error executing job with overrides: ['trainer.nnodes=64', 'trainer.n_gpus_per_node=8']")
     out.line("Traceback (most recent call last):")
     out.line('  File "/opt/verl/verl/trainer/main_ppo.py", line 96, in run_ppo')
@@ -738,36 +780,47 @@ def write_driver(plan: Plan, root: Path, budget: int) -> int:
     return out.size
 
 
+def pylog(ts: datetime) -> str:
+    """torchelastic's logging prefix: `W1130 05:18:53.321000`."""
+    return f"{ts.month}{ts.day:02d} {ts.strftime('%H:%M:%S')}.{ts.microsecond:06d}"
+
+
 def write_launcher(plan: Plan, root: Path) -> int:
     """The torchrun agent of the node whose rank exited first, ending in its ChildFailedError summary."""
     first = plan.ranks[plan.first_exit_rank]
     node = [r for r in plan.ranks if r.host == first.host]
+    agent = first.pid - 45
+    api = "torch/distributed/elastic/multiprocessing/api.py"
     out = BlockWriter(root / "launcher.log")
-    t_exit = plan.watchdog_time + timedelta(seconds=1.4)
-    out.line(f"W{glog(START)} {first.pid - 7} torch/distributed/run.py:793] ")
+    t_exit = plan.watchdog_time + timedelta(seconds=61.4)
+    out.line(f"W{pylog(START)} {agent} torch/distributed/run.py:851] ")
+    out.line(f"W{pylog(START)} {agent} torch/distributed/run.py:851] *****************************************")
     out.line(
-        f"W{glog(START)} {first.pid - 7} torch/distributed/run.py:793] Setting OMP_NUM_THREADS environment "
-        "variable for each process to be 1 in default, to avoid your system being overloaded."
+        f"W{pylog(START)} {agent} torch/distributed/run.py:851] Setting OMP_NUM_THREADS environment variable for "
+        "each process to be 1 in default, to avoid your system being overloaded, please further tune the variable "
+        "for optimal performance in your application as needed. "
     )
+    out.line(f"W{pylog(START)} {agent} torch/distributed/run.py:851] *****************************************")
     for r in node:
         if r is not first:
-            out.line(
-                f"W{glog(t_exit)} {first.pid - 7} torch/distributed/elastic/multiprocessing/api.py:897] "
-                f"Sending process {r.pid} closing signal SIGTERM"
-            )
+            out.line(f"W{pylog(t_exit)} {agent} {api}:1012] Sending process {r.pid} closing signal SIGTERM")
     out.line(
-        f"E{glog(t_exit)} {first.pid - 7} torch/distributed/elastic/multiprocessing/api.py:869] failed "
-        f"(exitcode: -6) local_rank: {first.dev} (pid: {first.pid}) of binary: /usr/bin/python3"
+        f"E{pylog(t_exit + timedelta(seconds=0.3))} {agent} {api}:986] failed (exitcode: -6) local_rank: {first.dev} "
+        f"(pid: {first.pid}) of binary: /opt/torch/.venv/bin/python"
     )
     out.line("Traceback (most recent call last):")
-    out.line('  File "/usr/local/bin/torchrun", line 8, in <module>')
+    out.line('  File "/opt/torch/.venv/bin/torchrun", line 10, in <module>')
     out.line("    sys.exit(main())")
-    out.line('  File "/usr/local/lib/python3.10/dist-packages/torch/distributed/run.py", line 909, in main')
-    out.line("    run(args)")
+    out.line("             ^^^^^^")
+    out.line(
+        '  File "/opt/torch/.venv/lib/python3.12/site-packages/torch/distributed/launcher/api.py", line 317, '
+        "in launch_agent"
+    )
+    out.line("    raise ChildFailedError(")
     out.line("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ")
-    out.line("=" * 60)
-    out.line("verl.trainer.main_ppo FAILED")
-    out.line("-" * 60)
+    out.line("=" * 53)
+    out.line("verl/trainer/main_ppo.py FAILED")
+    out.line("-" * 53)
     out.line("Failures:")
     others = [r for r in node if r is not first][:3]
     for i, r in enumerate(others, start=1):
@@ -778,16 +831,16 @@ def write_launcher(plan: Plan, root: Path) -> int:
         out.line(f"  exitcode  : -15 (pid: {r.pid})")
         out.line("  error_file: <N/A>")
         out.line(f"  traceback : Signal 15 (SIGTERM) received by PID {r.pid}")
-    out.line("-" * 60)
+    out.line("-" * 53)
     out.line("Root Cause (first observed failure):")
     out.line("[0]:")
-    out.line(f"  time      : {iso(t_exit - timedelta(seconds=1), '_').split(',')[0]}")
+    out.line(f"  time      : {iso(t_exit, '_').split(',')[0]}")
     out.line(f"  host      : {first.host}")
     out.line(f"  rank      : {first.rank} (local_rank: {first.dev})")
     out.line(f"  exitcode  : -6 (pid: {first.pid})")
     out.line("  error_file: <N/A>")
     out.line(f"  traceback : Signal 6 (SIGABRT) received by PID {first.pid}")
-    out.line("=" * 60)
+    out.line("=" * 53)
     out.close(t_exit + timedelta(seconds=2))
     return out.size
 
