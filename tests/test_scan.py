@@ -9,7 +9,7 @@ import pytest
 
 from forensics import scan as scan_module
 from forensics.analyze import load_rule_set
-from forensics.scan import CONFIRM_IN_RUST_ABOVE, LOOKBACK_LINES, TextScanner
+from forensics.scan import LITERALS_IN_RUST_ABOVE, LOOKBACK_LINES, TextScanner
 from forensics.sources import line_extractors
 from forensics.sources.base import Sink
 from forensics.textio import iter_line_batches
@@ -25,9 +25,9 @@ def _dispatched(scanner: TextScanner, data: bytes, chunk: int) -> set[tuple[int,
     index = {id(p): i for i, p in enumerate(scanner.patterns)}
     found = set()
     for batch in iter_line_batches(io.BytesIO(data), chunk_bytes=chunk):
-        for pos in scanner.candidate_rows(batch):
-            for pattern in scanner.patterns_matching(batch.text(pos)):
-                found.add((batch.line_number(pos), index[id(pattern)]))
+        for pos, text, patterns in scanner.hits(batch):
+            assert text == batch.text(pos)
+            found.update((batch.line_number(pos), index[id(p)]) for p in patterns)
     return found
 
 
@@ -41,7 +41,9 @@ def _brute_force(scanner: TextScanner, data: bytes) -> set[tuple[int, int]]:
     return found
 
 
-def test_prefilter_and_dispatch_find_what_every_pattern_finds_on_real_logs(corpus):
+@pytest.mark.parametrize("literals_in_rust_above", [0, 10**9])  # literals found in Rust, or in Python
+def test_prefilter_and_dispatch_find_what_every_pattern_finds_on_real_logs(corpus, monkeypatch, literals_in_rust_above):
+    monkeypatch.setattr(scan_module, "LITERALS_IN_RUST_ABOVE", literals_in_rust_above)
     scanner = _scanner()
     data = b"".join(p.read_bytes() for p in sorted((corpus / "cases").glob("*.log")))
     expected = _brute_force(scanner, data)
@@ -80,13 +82,14 @@ examples:
     assert by_rule == {"slow-step": {3}, "nccl-stall": {4}}
 
 
-def test_many_candidates_are_confirmed_in_rust_without_losing_hits():
+def test_many_candidates_are_told_apart_by_literals_found_in_rust_without_losing_hits():
     scanner = _scanner()
-    noise = [f"WARNING no Error here {i}, just a word" for i in range(3 * CONFIRM_IN_RUST_ABOVE)]
+    noise = [f"WARNING no Error here {i}, just a word" for i in range(3 * LITERALS_IN_RUST_ABOVE)]
     hits = ["ValueError: bad value", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
-    data = ("\n".join(noise[:200] + hits[:1] + noise[200:] + hits[1:]) + "\n").encode()
+    half = len(noise) // 2
+    data = ("\n".join(noise[:half] + hits[:1] + noise[half:] + hits[1:]) + "\n").encode()
     got = _dispatched(scanner, data, 1 << 20)
-    assert {line for line, _ in got} == {201, len(noise) + 2}
+    assert {line for line, _ in got} == {half + 1, len(noise) + 2}
     assert got == _brute_force(scanner, data)
 
 
