@@ -57,11 +57,13 @@ class EreConverter:
 
     def __init__(self) -> None:
         self.notes: set[str] = set()
+        self.icase = [False]  # case-insensitivity of each open group, innermost last
 
     def convert(self, pattern: str) -> str:
         out: list[str] = []
         i = 0
         n = len(pattern)
+        self.icase = [False]
         while i < n:
             c = pattern[i]
             if c == "\\":
@@ -73,6 +75,14 @@ class EreConverter:
             elif c == "(":
                 i, text = self._group_open(pattern, i)
                 out.append(text)
+            elif c == ")":
+                if len(self.icase) > 1:
+                    self.icase.pop()
+                out.append(c)
+                i += 1
+            elif c.isascii() and c.isalpha() and self.icase[-1]:
+                out.append(f"[{c.lower()}{c.upper()}]")
+                i += 1
             elif c in "*+?}" and i + 1 < n and pattern[i + 1] in "?+":
                 out.append(c)
                 i += 2
@@ -109,17 +119,23 @@ class EreConverter:
 
     def _group_open(self, p: str, i: int) -> tuple[int, str]:
         if not p.startswith("(?", i):
+            self.icase.append(self.icase[-1])
             return i + 1, "("
         if p.startswith("(?:", i):
+            self.icase.append(self.icase[-1])
             return i + 3, "("
         m = re.match(r"\(\?P<\w+>", p[i:])
         if m:
+            self.icase.append(self.icase[-1])
             return i + m.end(), "("
-        m = re.match(r"\(\?([aiLmsux]+)\)", p[i:])
+        m = re.match(r"\(\?([aiLmsux]+)(-[imsx]+)?(:|\))", p[i:])
         if m:
-            if "i" in m[1]:
-                self.notes.add("(?i) -> case-sensitive (grep -i would apply to every rule)")
-            return i + m.end(), ""
+            icase = ("i" in m[1]) or (self.icase[-1] and not (m[2] and "i" in m[2]))
+            if m[3] == ")":  # a flag for the rest of the pattern
+                self.icase[-1] = icase
+                return i + m.end(), ""
+            self.icase.append(icase)
+            return i + m.end(), "("
         m = re.match(r"\(\?(?:=|!|<=|<!)", p[i:])
         if m:
             self.notes.add("lookaround -> dropped (the rest of the pattern is kept, a superset)")
@@ -195,18 +211,23 @@ class EreConverter:
                 caret = True
             elif c == "-" and (j == 0 or j == len(body) - 1):
                 dash = True
+            elif c == "-" and items and len(items[-1]) == 1 and body[j + 1] != "\\":
+                items[-1] += "-" + body[j + 1]  # a range, one item
+                j += 1
             else:
                 items.append(c)
             j += 1
+        if self.icase[-1]:  # letters and letter ranges in both cases
+            items = [x.lower() + x.upper() if x.isascii() and x.replace("-", "").isalpha() else x for x in items]
         text = ("]" if close else "") + "".join(items) + ("^" if caret else "") + ("-" if dash else "")
         if text.startswith("^"):  # a lone literal caret cannot come first
             text = text[1:] + "^"
         return end, "[" + ("^" if negate else "") + text + "]"
 
 
-def patterns() -> list[str]:
-    """The same patterns the scanner combines: every extractor trigger and every rule clause."""
-    rules = load_rule_set([])
+def patterns(overlays: list[Path]) -> list[str]:
+    """The same patterns the scanner looks for: every extractor trigger and every rule clause."""
+    rules = load_rule_set(overlays)
     found = [e.trigger for e in line_extractors()]
     found += [clause.regex for rule in rules for clause in rule.match]
     return found
@@ -281,21 +302,22 @@ def run_python_loop(compiled: list[re.Pattern], files: list[Path]) -> int:
     return total
 
 
-def run_forensics(run_dir: Path):
-    return analyze([run_dir], Options())
+def run_forensics(run_dir: Path, overlays: list[Path]):
+    return analyze([run_dir], Options(patterns=overlays))
 
 
-def peak_rss(run_dir: Path) -> tuple[float, float, str]:
+def peak_rss(run_dir: Path, overlays: list[Path]) -> tuple[float, float, str]:
     """(peak RSS in MiB, seconds, verdict) of `analyze` in a fresh child process, from its own rusage."""
     code = (
-        "import sys; from pathlib import Path; from forensics.analyze import analyze;"
-        "a = analyze([Path(sys.argv[1])]); r = a.verdict.root_cause;"
-        "print(f'{r.cls} on rank {r.rank}' if r else 'healthy')"
+        "import sys; from pathlib import Path; from forensics.analyze import Options, analyze;"
+        "a = analyze([Path(sys.argv[1])], Options(patterns=[Path(p) for p in sys.argv[2:]]));"
+        "r = a.verdict.root_cause; print(f'{r.cls} on rank {r.rank}' if r else 'healthy')"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=out, stderr=err, env=env)
+        argv = [sys.executable, "-c", code, str(run_dir), *map(str, overlays)]
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env)
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -328,11 +350,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python-repeat", type=int, default=1, help="timed runs of the (slow) Python loop")
     parser.add_argument("--memory", type=Path, nargs="*", default=[], help="more run folders to measure peak RSS on")
     parser.add_argument("--skip-python", action="store_true", help="leave out the Python loop")
+    parser.add_argument(
+        "--patterns", type=Path, action="append", default=[], help="extra rule folder, for every contender"
+    )
     args = parser.parse_args(argv)
 
     files = text_files(args.run_dir)
     size = folder_bytes(files)
-    pats = patterns()
+    pats = patterns(args.patterns)
     conv = EreConverter()
     ere = "|".join(f"({conv.convert(p)})" for p in pats)
     print(f"run: {args.run_dir}  text files: {len(files)}  bytes: {size / 2**30:.2f} GiB  patterns: {len(pats)}")
@@ -345,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     grep, fx = Timing("grep -c -E (LC_ALL=C)"), Timing("forensics analyze")
     for _ in range(args.repeat):
         grep_lines = run_grep(ere, files, grep)
-        analysis = run_in_process(lambda: run_forensics(args.run_dir), fx)
+        analysis = run_in_process(lambda: run_forensics(args.run_dir, args.patterns), fx)
     print(grep.line(f"matching lines {grep_lines}"))
     print(fx.line(f"events {analysis.events.height}"))
     print(f"  stages (last run): {', '.join(f'{k} {v:.2f} s' for k, v in analysis.timings.items())}")
@@ -370,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     measured = []
     for folder in [args.run_dir, *args.memory]:
         folder_size = folder_bytes(text_files(folder))
-        rss, seconds, verdict = peak_rss(folder)
+        rss, seconds, verdict = peak_rss(folder, args.patterns)
         measured.append((folder_size, rss))
         print(
             f"peak RSS {rss:7.1f} MiB  input {folder_size / 2**30:5.2f} GiB  ({seconds:.1f} s, verdict {verdict})"
