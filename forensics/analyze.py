@@ -9,15 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import polars as pl
-
 from forensics.analyses.checks import health_checks
 from forensics.analyses.detectors import add_detector_findings, detect
 from forensics.analyses.diagnosis import build_findings, diagnose
 from forensics.analyses.enrich import enrich
 from forensics.analyses.flight_recorder import flight_recorder_findings
 from forensics.analyses.ray_cluster import ray_report
-from forensics.model import Analysis, FileReport, empty_events, empty_series
+from forensics.model import Analysis, FileReport
 from forensics.resources import patterns_dir
 from forensics.rules import Rule, load_rules
 from forensics.run import SKIPPED, TEXT_LOG, RunFile, discover
@@ -82,19 +80,15 @@ def analyze(
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         done = pool.map(lambda f: _read_one(f, scanner, read_ahead=f.bytes > fair_share), ordered)
         results = dict(zip([f.rel for f in ordered], done, strict=True))
-    timings["read/scan"] = time.perf_counter() - t1
-
-    t2 = time.perf_counter()
     warnings = list(run.warnings)
-    reports, event_frames, series_frames, marks = [], [], [], []
+    reports, sinks, marks = [], [], []
     config: dict = {}
     environment: dict = {}
     extras: dict[str, list] = {}
     for rf in run.files:
         sink, report, result = results[rf.rel]
         reports.append(report)
-        event_frames.append(sink.events())
-        series_frames.append(sink.series())
+        sinks.append(sink)
         marks.extend(sink.step_marks)
         warnings.extend(result.warnings)
         config.update(result.config)
@@ -103,8 +97,10 @@ def analyze(
         environment.update(sink.environment)
         for key, value in result.extras.items():
             extras.setdefault(key, []).append(value)
-    events = pl.concat(event_frames) if event_frames else empty_events()
-    series = pl.concat(series_frames) if series_frames else empty_series()
+    events, series = Sink.merge(sinks)  # one conversion for all files, not one per file
+    timings["read/scan"] = time.perf_counter() - t1
+
+    t2 = time.perf_counter()
     events = enrich(events)
     timings["enrich"] = time.perf_counter() - t2
     t2 = time.perf_counter()

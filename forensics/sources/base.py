@@ -146,6 +146,13 @@ class Sink:
     def events(self) -> pl.DataFrame:
         return pl.DataFrame(self._events, schema=EVENT_SCHEMA)
 
+    @staticmethod
+    def merge(sinks: list[Sink]) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """The events and series of many sinks, in order, each table built in one conversion."""
+        events = pl.DataFrame([row for sink in sinks for row in sink._events], schema=EVENT_SCHEMA)
+        series = {k: [v for sink in sinks for v in sink._series[k]] for k in SERIES_SCHEMA}
+        return events, pl.DataFrame(series, schema=SERIES_SCHEMA)
+
     def series(self) -> pl.DataFrame:
         return pl.DataFrame(self._series, schema=SERIES_SCHEMA)
 
