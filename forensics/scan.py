@@ -124,15 +124,14 @@ class TextScanner:
         rows = np.flatnonzero(lines.str.contains(self.prefilter).to_numpy())
         if len(rows) == 0:
             return
-        candidates = lines.gather(rows)
         found: list[list[str]] | list[None] = [None] * len(rows)
         if len(rows) > LITERALS_IN_RUST_ABOVE and self._plain_list:
-            found = candidates.str.extract_many(self._plain_list, overlapping=True).to_list()
-        for row, text, present in zip(rows.tolist(), candidates.to_list(), found, strict=True):
-            text = text.rstrip("\r\n")
+            found = lines.gather(rows).str.extract_many(self._plain_list, overlapping=True).to_list()
+        for pos, present in zip((rows + batch.own_start).tolist(), found, strict=True):
+            text = batch.text(pos)
             patterns = self.patterns_matching(text, present)
             if patterns:
-                yield row + batch.own_start, text, patterns
+                yield pos, text, patterns
 
     def patterns_matching(self, line: str, present: list[str] | None = None) -> list[_Pattern]:
         """The patterns that match one line, in registration order (extractors before rules).

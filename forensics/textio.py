@@ -107,11 +107,16 @@ class LineBatch:
     lines: pl.Series
     own_start: int
     own_end: int
+    data: np.ndarray | None = None  # the bytes `lines` is built on, and each line's start (reading one line
+    offsets: np.ndarray | None = None  # from them is cheaper than indexing the column)
 
     def line_number(self, index: int) -> int:
         return self.first_line + index
 
     def text(self, index: int) -> str:
+        if self.data is not None and self.offsets is not None:
+            raw = self.data[self.offsets[index] : self.offsets[index + 1]].tobytes()
+            return raw.decode("utf-8", "replace").rstrip("\r\n")
         value = self.lines[index]
         return value.rstrip("\r\n") if value is not None else ""
 
@@ -131,8 +136,8 @@ def _line_ends(body: np.ndarray, newlines: np.ndarray) -> np.ndarray:
     return ends
 
 
-def _as_lines(body: np.ndarray, newlines: np.ndarray) -> tuple[pl.Series, np.ndarray]:
-    """A string column over `body` cut after each newline (kept), and the line start offsets.
+def _as_lines(body: np.ndarray, newlines: np.ndarray) -> tuple[pl.Series, np.ndarray, np.ndarray]:
+    """A string column over `body` cut after each newline (kept), its bytes, and the line start offsets.
 
     No byte is copied: the Arrow offsets are the newline positions and the data buffer is `body`.
     Invalid UTF-8, found by Arrow's validation, is replaced (U+FFFD) in a copy of this batch only.
@@ -144,7 +149,7 @@ def _as_lines(body: np.ndarray, newlines: np.ndarray) -> tuple[pl.Series, np.nda
         fixed = bytes(body).decode("utf-8", "replace").encode("utf-8")
         body = np.frombuffer(fixed, dtype=np.uint8)
         array, offsets = _line_array(body, _line_ends(body, np.flatnonzero(body == NEWLINE)))
-    return pl.Series("line", array), offsets
+    return pl.Series("line", array), body, offsets
 
 
 def _fill(stream: BinaryIO, view: memoryview) -> int:
@@ -195,16 +200,17 @@ def iter_line_batches(stream: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> Itera
         else:
             carry = data
             continue
-        lines, offsets = _as_lines(data[:cut], newlines[newlines < cut])
+        lines, body, offsets = _as_lines(data[:cut], newlines)
         n = len(lines)
         if final:
-            yield LineBatch(carry_first_line, lines, carry_own_from, n)
+            yield LineBatch(carry_first_line, lines, carry_own_from, n, body, offsets)
             return
         keep = min(n, 2 * CONTEXT_LINES)
         own_end = max(carry_own_from, n - CONTEXT_LINES)
-        yield LineBatch(carry_first_line, lines, carry_own_from, own_end)
+        yield LineBatch(carry_first_line, lines, carry_own_from, own_end, body, offsets)
         start_keep = n - keep
-        carry = data[int(offsets[start_keep]) :]
+        # from `body`, which the offsets index (it differs from `data` where invalid UTF-8 was replaced)
+        carry = np.concatenate((body[int(offsets[start_keep]) :], data[cut:]))
         carry_first_line += start_keep
         carry_own_from = own_end - start_keep
 

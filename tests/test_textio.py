@@ -103,3 +103,13 @@ def test_decompression_bomb_stops_with_a_clear_error(monkeypatch):
     monkeypatch.setattr(textio, "MAX_DECOMPRESSED_BYTES", 10_000)
     with pytest.raises(ReadLimitExceeded):
         list(iter_line_batches(io.BytesIO(b"a\n" * 20_000), chunk_bytes=1024))
+
+
+def test_invalid_utf8_across_batch_edges_keeps_every_line_and_number():
+    lines = [(f"{i} ok" if i % 7 else f"{i} bad \xff\xfe end").encode("latin-1") for i in range(1, 3001)]
+    data = b"\n".join(lines) + b"\n"
+    expected = [(i, line.decode("utf-8", "replace")) for i, line in enumerate(lines, start=1)]
+    for chunk in (700, 4096):
+        assert _own_lines(data, chunk) == expected
+        batches = list(iter_line_batches(io.BytesIO(data), chunk_bytes=chunk))
+        assert all(b.lines[i].rstrip("\n") == b.text(i) for b in batches for i in range(len(b.lines)))
