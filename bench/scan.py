@@ -306,26 +306,38 @@ def run_forensics(run_dir: Path, overlays: list[Path]):
     return analyze([run_dir], Options(patterns=overlays))
 
 
+CHILD = """
+import json, re, sys
+from pathlib import Path
+from forensics.analyze import Options, analyze
+a = analyze([Path(sys.argv[1])], Options(patterns=[Path(p) for p in sys.argv[2:]]))
+r = a.verdict.root_cause
+status = Path("/proc/self/status").read_text()
+print(json.dumps({"verdict": f"{r.cls} on rank {r.rank}" if r else "healthy",
+                  "hwm_kib": int(re.search(r"VmHWM:\\s*(\\d+) kB", status)[1])}))
+"""
+
+
 def peak_rss(run_dir: Path, overlays: list[Path]) -> tuple[float, float, str]:
-    """(peak RSS in MiB, seconds, verdict) of `analyze` in a fresh child process, from its own rusage."""
-    code = (
-        "import sys; from pathlib import Path; from forensics.analyze import Options, analyze;"
-        "a = analyze([Path(sys.argv[1])], Options(patterns=[Path(p) for p in sys.argv[2:]]));"
-        "r = a.verdict.root_cause; print(f'{r.cls} on rank {r.rank}' if r else 'healthy')"
-    )
+    """(peak RSS in MiB, seconds, verdict) of `analyze` in a fresh child process.
+
+    The child reads its own high-water mark (VmHWM) rather than leaving it to rusage: with vfork, the
+    kernel charges the parent's peak to the child's ru_maxrss at exec.
+    """
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        t0 = time.perf_counter()
-        argv = [sys.executable, "-c", code, str(run_dir), *map(str, overlays)]
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        if proc.returncode:
-            raise RuntimeError(f"analyze failed on {run_dir}: {err.read().decode()[-2000:]}")
-        return usage.ru_maxrss / 1024, seconds, out.read().decode().strip()
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(run_dir), *map(str, overlays)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    seconds = time.perf_counter() - t0
+    if proc.returncode:
+        raise RuntimeError(f"analyze failed on {run_dir}: {proc.stderr[-2000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result["hwm_kib"] / 1024, seconds, result["verdict"]
 
 
 def folder_bytes(files: list[Path]) -> int:
@@ -350,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python-repeat", type=int, default=1, help="timed runs of the (slow) Python loop")
     parser.add_argument("--memory", type=Path, nargs="*", default=[], help="more run folders to measure peak RSS on")
     parser.add_argument("--skip-python", action="store_true", help="leave out the Python loop")
+    parser.add_argument("--rss-repeat", type=int, default=3, help="child runs per folder for peak RSS (median)")
     parser.add_argument(
         "--patterns", type=Path, action="append", default=[], help="extra rule folder, for every contender"
     )
@@ -395,11 +408,12 @@ def main(argv: list[str] | None = None) -> int:
     measured = []
     for folder in [args.run_dir, *args.memory]:
         folder_size = folder_bytes(text_files(folder))
-        rss, seconds, verdict = peak_rss(folder, args.patterns)
+        runs = [peak_rss(folder, args.patterns) for _ in range(args.rss_repeat)]
+        rss = statistics.median(r[0] for r in runs)
         measured.append((folder_size, rss))
         print(
-            f"peak RSS {rss:7.1f} MiB  input {folder_size / 2**30:5.2f} GiB  ({seconds:.1f} s, verdict {verdict})"
-            f"  {folder}"
+            f"peak RSS {rss:7.1f} MiB (median of {fmt([r[0] for r in runs])})  input {folder_size / 2**30:5.2f} GiB"
+            f"  verdict {runs[-1][2]}  {folder}"
         )
     if len(measured) > 1:
         small, large = min(measured), max(measured)
