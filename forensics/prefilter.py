@@ -192,16 +192,19 @@ def _without_superstrings(strings: set[str], also_covered_by: set[str] = frozens
     return sorted(kept, key=lambda s: (-len(s), s))
 
 
-def literal_alternation(sets: list[Literals]) -> str:
-    """One Rust regex matching any literal of any set: lines it misses match none of the patterns.
+def literal_searches(sets: list[Literals]) -> list[str]:
+    """Rust regexes, each a plain alternation of literals, that together match every line any set needs.
 
-    Literals containing another literal are left out (redundant), which also spares the search engine
-    the false candidates of their first bytes.
+    Plain and case-insensitive literals go to separate searches: mixed into one regex, a `(?i:...)` part
+    takes the whole search off the engine's fast literal path. Literals containing another literal are left
+    out (redundant), which also spares the engine the false candidates of their first bytes.
     """
     folded = {s for ls in sets if ls.icase for s in ls.strings}
     plain = {s for ls in sets if not ls.icase for s in ls.strings}
     plain = {s for s in plain if not any(f in s.lower() for f in folded)}
-    parts = [rust_literal(s) for s in _without_superstrings(plain)]
+    searches = []
+    if plain:
+        searches.append("|".join(rust_literal(s) for s in _without_superstrings(plain)))
     if folded:
-        parts.append("(?i:" + "|".join(rust_literal(s) for s in _without_superstrings(folded, fold=True)) + ")")
-    return "|".join(parts)
+        searches.append("(?i)" + "|".join(rust_literal(s) for s in _without_superstrings(folded, fold=True)))
+    return searches

@@ -17,19 +17,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import regex
 
 from forensics.attribution import FileContext, attribute, file_context
-from forensics.prefilter import Literals, literal_alternation, required_literals
+from forensics.prefilter import Literals, literal_searches, required_literals
 from forensics.rules.model import Rule
 from forensics.sources.base import Hit, LineExtractor, LineRecord, Sink
 from forensics.textio import LineBatch, ReadLimitExceeded, iter_line_batches, open_binary, prefetched
 
 _NAMED_GROUP = re.compile(r"(?<!\\)\(\?P<\w+>")
 MAX_HITS_PER_FILE = 200_000  # a flood of matches stops being read, with a warning
-# Above this many candidate lines in a batch, the literals each holds are found in Rust in one call
-# (Aho-Corasick, ~0.7 ms to build); below it a substring test per literal in Python is cheaper.
-LITERALS_IN_RUST_ABOVE = 48
+# The literals each candidate line holds are found in Rust in one call (Aho-Corasick, ~0.7 ms to build)
+# when the candidates are more than this many line-literal tests (~60 ns each in Python) would cost.
+LITERAL_TESTS_IN_PYTHON_MAX = 12_000
 LOOKBACK_LINES = 64  # how far above an undated error its time is looked for (a long traceback fits)
 
 
@@ -74,10 +75,10 @@ class TextScanner:
             patterns.extend(_pattern(c.regex, rule=rule) for c in rule.match)
         self.patterns = patterns
         self.rules = rules
-        with_literals = [p.literals for p in patterns if p.literals is not None]
-        parts = [literal_alternation(with_literals)] if with_literals else []
-        parts += [f"(?:{p.rust})" for p in patterns if p.literals is None]
-        self.prefilter = "(?m)" + "|".join(parts)
+        self.searches = literal_searches([p.literals for p in patterns if p.literals is not None])
+        unfiltered = [f"(?:{p.rust})" for p in patterns if p.literals is None]
+        if unfiltered:
+            self.searches.append("(?m)" + "|".join(unfiltered))
         # literal -> indexes of the patterns that need it; patterns without literals are tried on every candidate
         self._plain: dict[str, list[int]] = {}
         self._folded: dict[str, list[int]] = {}
@@ -86,6 +87,7 @@ class TextScanner:
                 (self._folded if p.literals.icase else self._plain).setdefault(s, []).append(i)
         self._plain_list = list(self._plain)
         self._always = [i for i, p in enumerate(patterns) if p.literals is None]
+        self._python_lookup_max = LITERAL_TESTS_IN_PYTHON_MAX // max(1, len(self._plain_list))
 
     def scan(self, path: Path, rel: str, sink: Sink, *, read_ahead: bool = False) -> tuple[int, list[str]]:
         """Read one text file into the sink; returns its line count and any warnings.
@@ -121,17 +123,28 @@ class TextScanner:
             lines = lines.slice(batch.own_start, batch.own_end - batch.own_start)
         if lines.len() == 0:
             return
-        rows = np.flatnonzero(lines.str.contains(self.prefilter).to_numpy())
+        rows = np.flatnonzero(self._candidates(lines))
         if len(rows) == 0:
             return
         found: list[list[str]] | list[None] = [None] * len(rows)
-        if len(rows) > LITERALS_IN_RUST_ABOVE and self._plain_list:
+        if len(rows) > self._python_lookup_max and self._plain_list:
             found = lines.gather(rows).str.extract_many(self._plain_list, overlapping=True).to_list()
         for pos, present in zip((rows + batch.own_start).tolist(), found, strict=True):
             text = batch.text(pos)
             patterns = self.patterns_matching(text, present)
             if patterns:
                 yield pos, text, patterns
+
+    def _candidates(self, lines: pl.Series) -> np.ndarray:
+        """A mask of the lines that may match some pattern: the literal searches, in Rust."""
+        if not self.searches:
+            return np.zeros(lines.len(), dtype=bool)
+        if len(self.searches) == 1:
+            return lines.str.contains(self.searches[0]).to_numpy()
+        found = pl.DataFrame({"line": lines}).select(
+            pl.any_horizontal([pl.col("line").str.contains(s) for s in self.searches])
+        )
+        return found.to_series().to_numpy()
 
     def patterns_matching(self, line: str, present: list[str] | None = None) -> list[_Pattern]:
         """The patterns that match one line, in registration order (extractors before rules).

@@ -9,7 +9,7 @@ import pytest
 
 from forensics import scan as scan_module
 from forensics.analyze import load_rule_set
-from forensics.scan import LITERALS_IN_RUST_ABOVE, LOOKBACK_LINES, TextScanner
+from forensics.scan import LOOKBACK_LINES, TextScanner
 from forensics.sources import line_extractors
 from forensics.sources.base import Sink
 from forensics.textio import iter_line_batches
@@ -41,9 +41,9 @@ def _brute_force(scanner: TextScanner, data: bytes) -> set[tuple[int, int]]:
     return found
 
 
-@pytest.mark.parametrize("literals_in_rust_above", [0, 10**9])  # literals found in Rust, or in Python
-def test_prefilter_and_dispatch_find_what_every_pattern_finds_on_real_logs(corpus, monkeypatch, literals_in_rust_above):
-    monkeypatch.setattr(scan_module, "LITERALS_IN_RUST_ABOVE", literals_in_rust_above)
+@pytest.mark.parametrize("python_tests_max", [0, 10**9])  # literals found in Rust, or in Python
+def test_prefilter_and_dispatch_find_what_every_pattern_finds_on_real_logs(corpus, monkeypatch, python_tests_max):
+    monkeypatch.setattr(scan_module, "LITERAL_TESTS_IN_PYTHON_MAX", python_tests_max)
     scanner = _scanner()
     data = b"".join(p.read_bytes() for p in sorted((corpus / "cases").glob("*.log")))
     expected = _brute_force(scanner, data)
@@ -84,7 +84,7 @@ examples:
 
 def test_many_candidates_are_told_apart_by_literals_found_in_rust_without_losing_hits():
     scanner = _scanner()
-    noise = [f"WARNING no Error here {i}, just a word" for i in range(3 * LITERALS_IN_RUST_ABOVE)]
+    noise = [f"WARNING no Error here {i}, just a word" for i in range(3 * scanner._python_lookup_max)]
     hits = ["ValueError: bad value", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
     half = len(noise) // 2
     data = ("\n".join(noise[:half] + hits[:1] + noise[half:] + hits[1:]) + "\n").encode()
