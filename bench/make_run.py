@@ -104,15 +104,21 @@ METRICS = (
     "perf/time_per_step",
     "perf/throughput",
 )
-RAYLET_INFO = (
-    "(raylet) worker_pool.cc:{n}: Started worker process with pid {pid}, the token is {tok}",
-    "(raylet) node_manager.cc:{n}: Lease granted to worker {wid} for task {tid}",
-    "(raylet) local_object_manager.cc:{n}: :info_message:Spilled {mib} MiB, {k} objects, write throughput {thr} MiB/s.",
-    "(raylet) memory_monitor.cc:{n}: Node memory usage is {used}GB / {total}GB ({ratio})",
-    "(raylet) object_manager.cc:{n}: Object {oid} pulled from node {nid}, {mib} MiB",
-    "(raylet) core_worker_client_pool.cc:{n}: Connected to worker {wid} at {ip}:{port}",
-    "(raylet) runtime_env_agent_client.cc:{n}: Create runtime env for job 01000000 took {ms} ms",
+RAYLET_INFO = (  # (template, weight): spill messages come only now and then
+    ("(raylet) worker_pool.cc:{n}: Started worker process with pid {pid}, the token is {tok}", 20),
+    ("(raylet) node_manager.cc:{n}: Lease granted to worker {wid} for task {tid}", 30),
+    (
+        "(raylet) local_object_manager.cc:{n}: :info_message:Spilled {mib} MiB, {k} objects, write throughput "
+        "{thr} MiB/s.",
+        0.5,
+    ),
+    ("(raylet) memory_monitor.cc:{n}: Node memory usage is {used}GB / {total}GB ({ratio})", 15),
+    ("(raylet) object_manager.cc:{n}: Object {oid} pulled from node {nid}, {mib} MiB", 20),
+    ("(raylet) core_worker_client_pool.cc:{n}: Connected to worker {wid} at {ip}:{port}", 10),
+    ("(raylet) runtime_env_agent_client.cc:{n}: Create runtime env for job 01000000 took {ms} ms", 4.5),
 )
+RAYLET_TEMPLATES = [t for t, _ in RAYLET_INFO]
+RAYLET_WEIGHTS = [w for _, w in RAYLET_INFO]
 CORE_WORKER_INFO = (
     "task_event_buffer.cc:{n}: Reporting task events to GCS every 1000ms.",
     "core_worker.cc:{n}: Submitting actor task {tid} to actor {aid}",
@@ -645,7 +651,7 @@ def write_raylet(plan: Plan, host_index: int, session: Path, budget: int, head: 
     target = max(4096, budget)
     while out.size < target:
         ts += timedelta(seconds=span / max(1, target // 140))
-        tmpl = rng.choice(RAYLET_INFO)
+        tmpl = rng.choices(RAYLET_TEMPLATES, RAYLET_WEIGHTS)[0]
         used = rng.uniform(400, 1500)
         out.line(
             f"[{iso(min(ts, end))} I {raylet_pid} {raylet_pid + rng.randint(0, 60)}] "
