@@ -35,7 +35,7 @@ LOOKBACK_LINES = 64  # how far above an undated error its time is looked for (a 
 
 
 def prefilter_form(pattern: str) -> str:
-    """The pattern without group names, so that many patterns can share one alternation."""
+    """The pattern without group names, so that patterns without literals can share one alternation."""
     return _NAMED_GROUP.sub("(?:", pattern)
 
 

@@ -107,3 +107,13 @@ def test_alternation_escapes_for_rust_and_drops_literals_that_contain_others():
     )
     found = [any(row) for row in zip(*(lines.str.contains(s).to_list() for s in searches), strict=True)]
     assert found == [True, True, True, False, False]
+
+
+def test_literals_just_past_one_simd_search_are_split_in_two_searches():
+    many = [Literals(frozenset({f"needle-{i:03d}-x"})) for i in range(100)]
+    searches = literal_searches(many)
+    assert len(searches) == 2
+    assert sorted(x for s in searches for x in s.split("|")) == sorted(f"needle\\-{i:03d}\\-x" for i in range(100))
+    assert len(literal_searches(many[:60])) == 1
+    assert len(literal_searches(many + [Literals(frozenset({f"other-{i}-y"})) for i in range(100)])) == 1
+    assert literal_searches([Literals(frozenset({"nccl timeout"}), icase=True)]) == ["(?i)nccl timeout"]
