@@ -104,21 +104,89 @@ METRICS = (
     "perf/time_per_step",
     "perf/throughput",
 )
-RAYLET_INFO = (  # (template, weight): spill messages come only now and then
-    ("(raylet) worker_pool.cc:{n}: Started worker process with pid {pid}, the token is {tok}", 20),
-    ("(raylet) node_manager.cc:{n}: Lease granted to worker {wid} for task {tid}", 30),
+RAYLET_EVENTS = (  # (template, weight) of the one-line messages between the periodic dumps; spills are rare
     (
-        "(raylet) local_object_manager.cc:{n}: :info_message:Spilled {mib} MiB, {k} objects, write throughput "
-        "{thr} MiB/s.",
+        "node_manager.cc:{n}: Disconnecting worker, graceful=false, exit_type=INTENDED_USER_EXIT, worker_id={wid}",
+        20,
+    ),
+    ("store.cc:{n}: Disconnecting client due to connection error with code 2: End of file", 20),
+    ("runtime_env_agent_client.cc:{n}: Create runtime env for job 01000000", 10),
+    ("accessor.cc:{n}: Received address and liveness notification for node, IsAlive = 1 node_id={nid}", 15),
+    ("object_store.cc:{n}: Object store current usage {used} / 214.748 GB.", 25),
+    (
+        "local_object_manager.cc:{n}: :info_message:Spilled {mib} MiB, {k} objects, write throughput {thr} MiB/s.",
         0.5,
     ),
-    ("(raylet) memory_monitor.cc:{n}: Node memory usage is {used}GB / {total}GB ({ratio})", 15),
-    ("(raylet) object_manager.cc:{n}: Object {oid} pulled from node {nid}, {mib} MiB", 20),
-    ("(raylet) core_worker_client_pool.cc:{n}: Connected to worker {wid} at {ip}:{port}", 10),
-    ("(raylet) runtime_env_agent_client.cc:{n}: Create runtime env for job 01000000 took {ms} ms", 4.5),
 )
-RAYLET_TEMPLATES = [t for t, _ in RAYLET_INFO]
-RAYLET_WEIGHTS = [w for _, w in RAYLET_INFO]
+RAYLET_TEMPLATES = [t for t, _ in RAYLET_EVENTS]
+RAYLET_WEIGHTS = [w for _, w in RAYLET_EVENTS]
+STATE_DUMP = """[state-dump] Node ID: {nid}
+[state-dump] Node name: {ip}
+[state-dump] InitialConfigResources: {{node:{ip}: 1, memory: 1.73537e+12, object_store_memory: 2.14748e+11, CPU: 128, \
+GPU: 8}}
+[state-dump] ClusterLeaseManager:
+[state-dump] ========== Node: {nid} =================
+[state-dump] Infeasible queue length: 0
+[state-dump] Schedule queue length: 0
+[state-dump] Grant queue length: {k}
+[state-dump] num_waiting_for_resource: 0
+[state-dump] num_waiting_for_plasma_memory: 0
+[state-dump] num_waiting_for_remote_node_resources: 0
+[state-dump] num_worker_not_started_by_job_config_not_exist: 0
+[state-dump] num_worker_not_started_by_registration_timeout: 0
+[state-dump] num_tasks_waiting_for_workers: 0
+[state-dump] num_cancelled_leases: 0
+[state-dump] cluster_resource_scheduler state:
+[state-dump] Waiting leases size: 0
+[state-dump] Number of granted lease arguments: {k}
+[state-dump] Number of pinned lease arguments: 0
+[state-dump] Total size of pinned lease arguments: 0
+[state-dump] Number of total spilled leases: 0
+[state-dump] Resource usage {{
+[state-dump] }}
+[state-dump] Granted leases by scheduling class:
+[state-dump] ==================================================
+[state-dump] LocalObjectManager:
+[state-dump] - num pinned objects: {objs}
+[state-dump] - pinned objects size: {size}
+[state-dump] - num objects pending restore: 0
+[state-dump] - num objects pending spill: 0
+[state-dump] - num bytes currently spilled: 0
+[state-dump] - cumulative spill requests: 0
+[state-dump] ObjectManager:
+[state-dump] - num local plasma objects: {objs}
+[state-dump] - num unfulfilled push requests: 0
+[state-dump] - num object pull requests: {k}
+[state-dump] - num chunks received total: {chunks}
+[state-dump] Event stats:
+[state-dump] Global stats: {events} total (12 active)
+[state-dump] Queueing time: mean = {q:.2f}ms, max = {qmax:.2f}ms, min = 0.01ms, total = {qtot:.2f}ms
+[state-dump] Execution time:  mean = {x:.2f}ms, total = {xtot:.2f}ms
+[state-dump] PushManager:
+[state-dump] - num pushes remaining: 0
+[state-dump] - num chunks in flight: 0
+""".replace("\\\n", "")
+PLASMA_DUMP = """Current usage: {used} / 214.748 GB
+- num bytes created total: {size}
+0 pending objects of total size 0MB
+- objects spillable: {objs}
+- bytes spillable: {size}
+- objects unsealed: 0
+- bytes unsealed: 0
+- objects in use: {objs}
+- bytes in use: {size}
+- objects evictable: 0
+- bytes evictable: 0
+
+- objects created by worker: {objs}
+- bytes created by worker: {size}
+- objects restored: 0
+- bytes restored: 0
+- objects received: {k}
+- bytes received: {size}
+- objects errored: 0
+- bytes errored: 0
+"""
 CORE_WORKER_INFO = (
     "task_event_buffer.cc:{n}: Reporting task events to GCS every 1000ms.",
     "core_worker.cc:{n}: Submitting actor task {tid} to actor {aid}",
@@ -526,7 +594,41 @@ def dump_signal_lines(plan: Plan, rk: Rank) -> list[str]:
 # ---- files ----------------------------------------------------------------------------------------------------
 
 
+def metric_level(key: str, step: int) -> tuple[float, float]:
+    """(typical value, noise) of a metric at a step of a healthy GRPO run: calm curves, no spikes."""
+    if key == "actor/entropy":
+        return 0.9 * (0.55 + 0.45 * 0.98**step), 0.01
+    if key in ("actor/pg_loss",):
+        return 0.0, 0.004
+    if key in ("actor/ppo_kl",):
+        return 2e-5, 1e-5
+    if key.startswith("actor/pg_clipfrac"):
+        return 0.002, 0.0005
+    if key == "actor/grad_norm":
+        return 0.3, 0.03
+    if key.endswith("clip_ratio"):
+        return 0.005, 0.001
+    if key.startswith("critic/score") or key.startswith("critic/rewards"):
+        return 0.3 + 0.4 * (1 - 0.97**step), 0.02
+    if key.startswith("critic/advantages"):
+        return 0.0, 0.05
+    if key.startswith("perf/max_memory"):
+        return 61.0, 0.2
+    if key == "perf/cpu_memory_used_gb":
+        return 310.0, 2.0
+    if key.startswith("timing_s/"):
+        return 7.0, 0.3
+    if key.startswith("timing_per_token_ms/"):
+        return 0.05, 0.003
+    if key in ("perf/throughput",):
+        return 3200.0, 60.0
+    if key == "perf/time_per_step":
+        return 71.3, 1.5
+    return 0.3, 0.01
+
+
 def step_values(step: int, rng: random.Random) -> str:
+    """One `step:N - key:value - ...` line as verl >= 2025-07 prints it (pprint.pformat values)."""
     parts = [f"step:{step}"]
     for key in METRICS:
         if key == "training/global_step":
@@ -536,9 +638,12 @@ def step_values(step: int, rng: random.Random) -> str:
         elif key == "actor/lr":
             value = "1e-06"
         elif "global_seqlen" in key or "length/m" in key or key == "perf/total_num_tokens":
-            value = str(rng.randint(200, 900_000))
+            value = str(int(rng.gauss(400_000 if "seqlen" in key else 600, 20_000 if "seqlen" in key else 40)))
+        elif key == "perf/mfu/actor":
+            value = "0.0"
         else:
-            value = repr(rng.uniform(-0.01, 60) if "loss" in key else rng.uniform(0, 90))
+            level, noise = metric_level(key, step)
+            value = repr(rng.gauss(level, noise))
         parts.append(f"{key}:{value}")
     return " - ".join(parts)
 
@@ -635,45 +740,71 @@ def write_ray_worker(plan: Plan, rk: Rank, session: Path, budget: int) -> int:
     return out.size + err.size + core.size
 
 
+def _raylet_values(rng: random.Random, nid: str, ip: str) -> dict:
+    objs = rng.randint(0, 4000)
+    q = rng.uniform(0.01, 3)
+    return dict(
+        n=rng.randint(100, 4000),
+        wid=hexs(rng, 56),
+        nid=nid,
+        ip=ip,
+        k=rng.randint(0, 64),
+        objs=objs,
+        size=objs * rng.randint(1 << 10, 1 << 24),
+        chunks=rng.randint(0, 10**6),
+        events=rng.randint(10**4, 10**7),
+        q=q,
+        qmax=q * rng.uniform(10, 500),
+        qtot=q * rng.uniform(10**4, 10**6),
+        x=q / 3,
+        xtot=q * rng.uniform(10**3, 10**5),
+        used=f"{rng.uniform(0, 200):.4f}",
+        mib=rng.randint(1, 4096),
+        thr=rng.randint(50, 2500),
+    )
+
+
 def write_raylet(plan: Plan, host_index: int, session: Path, budget: int, head: bool) -> int:
+    """One node's raylet.out: startup, each worker started once, then periodic state and Plasma dumps."""
     rng = random.Random(f"{plan.seed}:raylet:{host_index}")
     rk = plan.ranks[host_index * GPUS_PER_NODE % plan.world]
+    node_ranks = [r for r in plan.ranks if r.host == rk.host]
     raylet_pid = rng.randint(2000, 9000)
+    nid = hexs(rng, 56)
     out = BlockWriter(session / "raylet.out")
     ts = START - timedelta(seconds=30)
-    out.line(f"[{iso(ts)} I {raylet_pid} {raylet_pid}] (raylet) main.cc:283: Setting cluster ID to: {hexs(rng, 56)}")
-    out.line(
-        f"[{iso(ts)} I {raylet_pid} {raylet_pid}] (raylet) store_runner.cc:50: Allowing the Plasma store to use "
-        "up to 214.748GB of memory."
+
+    def line(text: str, level: str = "I", tid: int = 0) -> None:
+        out.line(f"[{iso(ts)} {level} {raylet_pid} {raylet_pid + tid}] (raylet) {text}")
+
+    line(f"main.cc:283: Setting cluster ID to: {hexs(rng, 56)}")
+    line(f"main.cc:711: Setting node ID node_id={nid}")
+    line("store_runner.cc:50: Allowing the Plasma store to use up to 214.748GB of memory.")
+    line(f"node_manager.cc:293: Initializing NodeManager node_id={nid}")
+    line(
+        f"node_manager.cc:355: Raylet of id, {nid} started. Raylet consists of node_manager and object_manager. "
+        f"node_manager address: {rk.ip}:0 object_manager address: {rk.ip}:{rng.randint(30000, 60000)} hostname: "
+        f"{rk.host}"
     )
+    for r in node_ranks:
+        ts += timedelta(milliseconds=rng.randint(2, 40))
+        line(f"worker_pool.cc:564: Started worker process with pid {r.pid} worker_id={r.worker_id}")
     end = plan.watchdog_time + timedelta(seconds=3)
-    span = (end - ts).total_seconds()
+    period = max(1.0, (end - ts).total_seconds() / max(1, budget // 9000))  # a dump block is ~2.7 KiB
     target = max(4096, budget)
     while out.size < target:
-        ts += timedelta(seconds=span / max(1, target // 140))
-        tmpl = rng.choices(RAYLET_TEMPLATES, RAYLET_WEIGHTS)[0]
-        used = rng.uniform(400, 1500)
-        out.line(
-            f"[{iso(min(ts, end))} I {raylet_pid} {raylet_pid + rng.randint(0, 60)}] "
-            + tmpl.format(
-                n=rng.randint(100, 4000),
-                pid=rng.randint(1000, 4_000_000),
-                tok=rng.randint(0, 999),
-                wid=hexs(rng, 56),
-                tid=hexs(rng, 48),
-                mib=rng.randint(1, 4096),
-                k=rng.randint(1, 64),
-                thr=rng.randint(50, 2500),
-                used=f"{used:.2f}",
-                total="2015.47",
-                ratio=f"{used / 2015.47:.6f}",
-                oid=hexs(rng, 56),
-                nid=hexs(rng, 56),
-                ip=rk.ip,
-                port=rng.randint(10000, 65000),
-                ms=rng.randint(1, 500),
-            )
-        )
+        ts = min(ts + timedelta(seconds=period * rng.uniform(0.2, 0.45)), end)
+        values = _raylet_values(rng, nid, rk.ip)
+        line("node_manager.cc:492: [state-dump] NodeManager:")
+        for text in STATE_DUMP.format(**values).splitlines():
+            out.line(text)
+        for _ in range(rng.randint(0, 3)):
+            tmpl = rng.choices(RAYLET_TEMPLATES, RAYLET_WEIGHTS)[0]
+            line(tmpl.format(**_raylet_values(rng, nid, rk.ip)), tid=rng.randint(0, 60))
+        ts = min(ts + timedelta(seconds=period * rng.uniform(0.2, 0.45)), end)
+        line("store.cc:573: Plasma store debug dump: ", tid=10)
+        for text in PLASMA_DUMP.format(**values).splitlines():
+            out.line(text)
     out.line(
         f"[{iso(end)} W {raylet_pid} {raylet_pid}] (raylet) node_manager.cc:1431: A worker died or was killed "
         f"while executing a task by an unexpected system error. Worker PID: {rk.pid} Worker exit type: "
