@@ -9,8 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import polars as pl
-
 from forensics.analyses.checks import health_checks
 from forensics.analyses.detectors import add_detector_findings, detect
 from forensics.analyses.diagnosis import build_findings, diagnose
@@ -18,7 +16,7 @@ from forensics.analyses.enrich import enrich
 from forensics.analyses.flight_recorder import flight_recorder_findings
 from forensics.analyses.ray_cluster import ray_report
 from forensics.analyses.traces import review_traces
-from forensics.model import Analysis, FileReport, empty_events, empty_series
+from forensics.model import Analysis, FileReport
 from forensics.resources import patterns_dir
 from forensics.rules import Rule, load_rules
 from forensics.run import SKIPPED, TEXT_LOG, RunFile, discover
@@ -38,12 +36,12 @@ def load_rule_set(overlays: list[Path]) -> list[Rule]:
     return rules
 
 
-def _read_one(rf: RunFile, scanner: TextScanner) -> tuple[Sink, FileReport, FileResult]:
+def _read_one(rf: RunFile, scanner: TextScanner, read_ahead: bool = False) -> tuple[Sink, FileReport, FileResult]:
     sink = Sink()
     report = FileReport(rf.rel, rf.kind, rf.bytes, note=rf.note)
     result = FileResult()
     if rf.kind == TEXT_LOG:
-        result.lines, result.warnings = scanner.scan(rf.path, rf.rel, sink)
+        result.lines, result.warnings = scanner.scan(rf.path, rf.rel, sink, read_ahead=read_ahead)
     elif rf.kind != SKIPPED:
         source = next(s for s in file_sources() if s.kind == rf.kind)
         try:
@@ -68,28 +66,30 @@ def analyze(
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     run = discover(paths)
+    timings["discover"] = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
     rules = load_rule_set(options.patterns)
     scanner = TextScanner(rules, line_extractors())
-    timings["discover"] = time.perf_counter() - t0
+    timings["rules"] = time.perf_counter() - t1
 
     t1 = time.perf_counter()
     jobs = options.jobs or os.cpu_count() or 1
     ordered = sorted(run.files, key=lambda f: -f.bytes)  # big files first keep the pool busy
+    # a file larger than an even share of the work cannot be balanced by the pool: it reads ahead instead
+    fair_share = sum(f.bytes for f in ordered) / jobs
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = dict(zip([f.rel for f in ordered], pool.map(lambda f: _read_one(f, scanner), ordered), strict=False))
-    timings["read"] = time.perf_counter() - t1
-
-    t2 = time.perf_counter()
+        done = pool.map(lambda f: _read_one(f, scanner, read_ahead=f.bytes > fair_share), ordered)
+        results = dict(zip([f.rel for f in ordered], done, strict=True))
     warnings = list(run.warnings)
-    reports, event_frames, series_frames, marks = [], [], [], []
+    reports, sinks, marks = [], [], []
     config: dict = {}
     environment: dict = {}
     extras: dict[str, list] = {}
     for rf in run.files:
         sink, report, result = results[rf.rel]
         reports.append(report)
-        event_frames.append(sink.events())
-        series_frames.append(sink.series())
+        sinks.append(sink)
         marks.extend(sink.step_marks)
         warnings.extend(result.warnings)
         config.update(result.config)
@@ -98,9 +98,13 @@ def analyze(
         environment.update(sink.environment)
         for key, value in result.extras.items():
             extras.setdefault(key, []).append(value)
-    events = pl.concat(event_frames) if event_frames else empty_events()
-    series = pl.concat(series_frames) if series_frames else empty_series()
+    events, series = Sink.merge(sinks)  # one conversion for all files, not one per file
+    timings["read/scan"] = time.perf_counter() - t1
+
+    t2 = time.perf_counter()
     events = enrich(events)
+    timings["enrich"] = time.perf_counter() - t2
+    t2 = time.perf_counter()
     file_order = {rf.rel: i for i, rf in enumerate(run.files)}
     by_id = {r.id: r for r in rules}
     findings = build_findings(events, by_id, file_order)

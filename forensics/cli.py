@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -101,6 +102,7 @@ def analyze_cmd(
     except (FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     redact_secrets = not no_redact
+    t_report = time.perf_counter()
     doc = to_json_dict(result, redact_secrets)
     console = Console(stderr=json_out == "-" or md_out == "-", highlight=False)
     report_path = None
@@ -114,7 +116,10 @@ def analyze_cmd(
     if not quiet:
         print_summary(doc, console, report_path)
     if profile:
-        for stage, seconds in result.timings.items():
+        timings = {k: v for k, v in result.timings.items() if k != "total"}
+        timings["report"] = time.perf_counter() - t_report
+        timings["total"] = result.timings.get("total", 0.0) + timings["report"]
+        for stage, seconds in timings.items():
             console.print(f"[dim]{stage:>10}: {seconds:8.3f} s[/]")
     if fail_on and any(severity_rank(f.severity) >= severity_rank(fail_on) for f in result.findings):
         sys.exit(1)

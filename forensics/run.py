@@ -39,13 +39,16 @@ class Run:
     warnings: list[str] = field(default_factory=list)
 
 
+_CONTROL_BYTES = bytes(b for b in range(32) if (b < 9 or b > 13) and b != 0x1B)  # ESC starts ANSI colours
+
+
 def _looks_textual(head: bytes) -> bool:
     if not head:
         return True
     if b"\x00" in head:
         return False
     sample = head[:4096]
-    control = sum(1 for b in sample if b < 9 or 13 < b < 32) - sample.count(b"\x1b")
+    control = len(sample) - len(sample.translate(None, _CONTROL_BYTES))
     return control <= len(sample) // 100
 
 

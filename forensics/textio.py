@@ -10,6 +10,8 @@ import bz2
 import gzip
 import io
 import lzma
+import queue
+import threading
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +22,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-CHUNK_BYTES = 32 * 1024 * 1024
+CHUNK_BYTES = 16 * 1024 * 1024
+NEWLINE = 10
 CONTEXT_LINES = 64  # lines kept on both sides of a batch so multi-line records can be read whole
 MAX_DECOMPRESSED_BYTES = 8 * 1024**3  # a bomb stops here, with a warning
 
@@ -104,75 +107,152 @@ class LineBatch:
     lines: pl.Series
     own_start: int
     own_end: int
+    data: np.ndarray | None = None  # the bytes `lines` is built on, and each line's start (reading one line
+    offsets: np.ndarray | None = None  # from them is cheaper than indexing the column)
 
     def line_number(self, index: int) -> int:
         return self.first_line + index
 
     def text(self, index: int) -> str:
+        if self.data is not None and self.offsets is not None:
+            raw = self.data[self.offsets[index] : self.offsets[index + 1]].tobytes()
+            return raw.decode("utf-8", "replace").rstrip("\r\n")
         value = self.lines[index]
         return value.rstrip("\r\n") if value is not None else ""
 
 
-def _valid_utf8(data: bytes) -> bytes:
-    try:
-        data.decode("utf-8")
-        return data
-    except UnicodeDecodeError:
-        return data.decode("utf-8", "replace").encode("utf-8")
-
-
-def _as_lines(data: bytes) -> tuple[pl.Series, np.ndarray]:
-    """Split bytes into a string column at newlines (kept), returning the line start offsets too."""
-    arr = np.frombuffer(data, dtype=np.uint8)
-    ends = np.flatnonzero(arr == 10) + 1
-    if len(ends) == 0 or ends[-1] != len(data):
-        ends = np.append(ends, len(data))
+def _line_array(body: np.ndarray, ends: np.ndarray) -> tuple[pa.LargeStringArray, np.ndarray]:
     offsets = np.empty(len(ends) + 1, dtype=np.int64)
     offsets[0] = 0
     offsets[1:] = ends
-    array = pa.LargeStringArray.from_buffers(len(ends), pa.py_buffer(offsets), pa.py_buffer(data))
-    return pl.Series("line", array), offsets
+    array = pa.LargeStringArray.from_buffers(len(ends), pa.py_buffer(offsets), pa.py_buffer(body))
+    return array, offsets
+
+
+def _line_ends(body: np.ndarray, newlines: np.ndarray) -> np.ndarray:
+    ends = newlines + 1
+    if len(body) and (len(ends) == 0 or ends[-1] != len(body)):
+        ends = np.append(ends, len(body))
+    return ends
+
+
+def _as_lines(body: np.ndarray, newlines: np.ndarray) -> tuple[pl.Series, np.ndarray, np.ndarray]:
+    """A string column over `body` cut after each newline (kept), its bytes, and the line start offsets.
+
+    No byte is copied: the Arrow offsets are the newline positions and the data buffer is `body`.
+    Invalid UTF-8, found by Arrow's validation, is replaced (U+FFFD) in a copy of this batch only.
+    """
+    array, offsets = _line_array(body, _line_ends(body, newlines))
+    try:
+        array.validate(full=True)
+    except pa.ArrowInvalid:
+        fixed = bytes(body).decode("utf-8", "replace").encode("utf-8")
+        body = np.frombuffer(fixed, dtype=np.uint8)
+        array, offsets = _line_array(body, _line_ends(body, np.flatnonzero(body == NEWLINE)))
+    return pl.Series("line", array), body, offsets
+
+
+def _fill(stream: BinaryIO, view: memoryview) -> int:
+    """Read into `view` until it is full or the stream ends (a short read alone is not the end for bz2/xz)."""
+    readinto = getattr(stream, "readinto", None)
+    got = 0
+    while got < len(view):
+        if readinto is not None:
+            n = readinto(view[got:])
+        else:
+            data = stream.read(len(view) - got)
+            n = len(data)
+            view[got : got + n] = data
+        if not n:
+            break
+        got += n
+    return got
 
 
 def iter_line_batches(stream: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> Iterator[LineBatch]:
     """Yield batches of lines, overlapping by CONTEXT_LINES on each side.
 
-    Memory stays bounded by `chunk_bytes` plus the carried context, whatever the file size.
+    Each chunk is read once, straight into the buffer its batch's column is built on. Memory stays
+    bounded by `chunk_bytes` plus the carried context, whatever the file size.
     """
-    carry = b""
+    carry = np.empty(0, dtype=np.uint8)  # context lines and the unfinished last line, copied forward
     carry_first_line = 1
     carry_own_from = 0  # lines of the carry already owned by the previous batch
     total = 0
     while True:
-        block = stream.read(chunk_bytes)
-        total += len(block)
+        buf = np.empty(len(carry) + chunk_bytes, dtype=np.uint8)
+        buf[: len(carry)] = carry
+        got = _fill(stream, memoryview(buf)[len(carry) :])
+        total += got
         if total > MAX_DECOMPRESSED_BYTES:
             raise ReadLimitExceeded(f"stopped after {MAX_DECOMPRESSED_BYTES // 1024**3} GiB")
-        final = not block
-        data = carry + block
-        if not data:
+        final = got < chunk_bytes
+        data = buf[: len(carry) + got]
+        if len(data) == 0:
             return
-        if not final:
-            cut = data.rfind(b"\n")
-            if cut < 0:
-                if len(data) > 4 * chunk_bytes:  # one enormous line: cut it rather than grow forever
-                    cut = len(data) - 1
-                else:
-                    carry = data
-                    continue
-            body, rest = data[: cut + 1], data[cut + 1 :]
+        newlines = np.flatnonzero(data == NEWLINE)
+        if final:
+            cut = len(data)
+        elif len(newlines):
+            cut = int(newlines[-1]) + 1
+        elif len(data) > 4 * chunk_bytes:  # one enormous line: cut it rather than grow forever
+            cut = len(data)
         else:
-            body, rest = data, b""
-        body = _valid_utf8(body)
-        lines, offsets = _as_lines(body)
+            carry = data
+            continue
+        lines, body, offsets = _as_lines(data[:cut], newlines)
         n = len(lines)
         if final:
-            yield LineBatch(carry_first_line, lines, carry_own_from, n)
+            yield LineBatch(carry_first_line, lines, carry_own_from, n, body, offsets)
             return
         keep = min(n, 2 * CONTEXT_LINES)
         own_end = max(carry_own_from, n - CONTEXT_LINES)
-        yield LineBatch(carry_first_line, lines, carry_own_from, own_end)
+        yield LineBatch(carry_first_line, lines, carry_own_from, own_end, body, offsets)
         start_keep = n - keep
-        carry = body[offsets[start_keep] :] + rest
+        # from `body`, which the offsets index (it differs from `data` where invalid UTF-8 was replaced)
+        carry = np.concatenate((body[int(offsets[start_keep]) :], data[cut:]))
         carry_first_line += start_keep
         carry_own_from = own_end - start_keep
+
+
+def prefetched(batches: Iterator[LineBatch], depth: int = 1) -> Iterator[LineBatch]:
+    """The same batches, the next one read and split in a helper thread while the caller scans this one.
+
+    Reading, newline search and validation release the GIL, so one large file keeps two cores busy.
+    At most `depth` batches wait ready, so memory stays bounded.
+    """
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def offer(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                if not offer(batch):
+                    return
+            offer(done)
+        except BaseException as exc:  # handed to the consumer, which raises it in its own thread
+            offer(exc)
+
+    worker = threading.Thread(target=produce, name="forensics-read-ahead", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item  # type: ignore[misc]
+    finally:
+        stop.set()
+        worker.join()

@@ -1,9 +1,15 @@
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
+import lzma
+import threading
 
-from forensics.textio import CONTEXT_LINES, iter_line_batches, open_binary
+import pytest
+
+from forensics import textio
+from forensics.textio import CONTEXT_LINES, ReadLimitExceeded, iter_line_batches, open_binary, prefetched
 
 
 def _own_lines(data: bytes, chunk: int) -> list[tuple[int, str]]:
@@ -47,3 +53,63 @@ def test_gzip_is_opened_transparently(tmp_path):
     path.write_bytes(gzip.compress(b"hello\nworld\n"))
     with open_binary(path) as fh:
         assert fh.read() == b"hello\nworld\n"
+
+
+def _batches(batches) -> list[tuple[int, int, int, list[str]]]:
+    return [(b.first_line, b.own_start, b.own_end, b.lines.to_list()) for b in batches]
+
+
+def test_read_ahead_yields_the_same_batches():
+    data = ("\n".join(f"line {i} " + "y" * (i % 53) for i in range(20000)) + "\n").encode()
+    plain = _batches(iter_line_batches(io.BytesIO(data), chunk_bytes=8192))
+    assert len(plain) > 10
+    assert _batches(prefetched(iter_line_batches(io.BytesIO(data), chunk_bytes=8192))) == plain
+
+
+def test_read_ahead_stops_its_thread_when_the_reader_stops_early():
+    data = b"x\n" * 100_000
+    before = threading.active_count()
+    batches = prefetched(iter_line_batches(io.BytesIO(data), chunk_bytes=1024))
+    next(batches)
+    batches.close()
+    assert threading.active_count() == before
+
+
+def test_read_ahead_raises_the_reading_error_in_the_reader():
+    class Failing(io.RawIOBase):
+        def readable(self):
+            return True
+
+        def readinto(self, b):
+            raise OSError("Input/output error")
+
+    with pytest.raises(OSError, match="Input/output error"):
+        list(prefetched(iter_line_batches(Failing())))
+
+
+@pytest.mark.parametrize(("suffix", "compress"), [(".bz2", bz2.compress), (".xz", lzma.compress)])
+def test_compressed_streams_are_read_whole_across_short_reads(tmp_path, suffix, compress):
+    lines = [f"{i} " + "z" * (i % 97) for i in range(8000)]
+    path = tmp_path / f"x.log{suffix}"
+    path.write_bytes(compress(("\n".join(lines) + "\n").encode()))
+    with open_binary(path) as fh:
+        got = [
+            (b.line_number(i), b.text(i)) for b in iter_line_batches(fh, 4096) for i in range(b.own_start, b.own_end)
+        ]
+    assert got == list(enumerate(lines, start=1))
+
+
+def test_decompression_bomb_stops_with_a_clear_error(monkeypatch):
+    monkeypatch.setattr(textio, "MAX_DECOMPRESSED_BYTES", 10_000)
+    with pytest.raises(ReadLimitExceeded):
+        list(iter_line_batches(io.BytesIO(b"a\n" * 20_000), chunk_bytes=1024))
+
+
+def test_invalid_utf8_across_batch_edges_keeps_every_line_and_number():
+    lines = [(f"{i} ok" if i % 7 else f"{i} bad \xff\xfe end").encode("latin-1") for i in range(1, 3001)]
+    data = b"\n".join(lines) + b"\n"
+    expected = [(i, line.decode("utf-8", "replace")) for i, line in enumerate(lines, start=1)]
+    for chunk in (700, 4096):
+        assert _own_lines(data, chunk) == expected
+        batches = list(iter_line_batches(io.BytesIO(data), chunk_bytes=chunk))
+        assert all(b.lines[i].rstrip("\n") == b.text(i) for b in batches for i in range(len(b.lines)))

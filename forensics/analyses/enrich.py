@@ -52,7 +52,7 @@ def infer_times(events: pl.DataFrame) -> pl.DataFrame:
         events.sort(["file", "line"])
         .with_columns(pl.col("ts").is_null().alias("_missing"))
         .with_columns(pl.col("ts").forward_fill().backward_fill().over("file"))
-        .with_columns((pl.col("_missing") & pl.col("ts").is_not_null()).alias("ts_inferred"))
+        .with_columns((pl.col("ts_inferred") | (pl.col("_missing") & pl.col("ts").is_not_null())).alias("ts_inferred"))
         .drop("_missing")
     )
 

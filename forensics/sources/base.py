@@ -48,6 +48,7 @@ class LineRecord:
     rules: list[str] = field(default_factory=list)
     level: str | None = None
     notable: bool = True  # False: keep the line only when a rule also fires on it
+    ts_inferred: bool = False  # ctx.ts was read from an earlier line, not from this one
 
 
 class Sink:
@@ -75,11 +76,12 @@ class Sink:
         role: str | None = None,
         level: str | None = None,
         fields: dict[str, Any] | None = None,
+        ts_inferred: bool = False,
     ) -> None:
         self._events.append(
             {
                 "ts": ts,
-                "ts_inferred": False,
+                "ts_inferred": ts_inferred,
                 "file": file,
                 "line": line,
                 "source": source,
@@ -112,6 +114,7 @@ class Sink:
             role=ctx.role,
             level=rec.level or ctx.level,
             fields=fields,
+            ts_inferred=rec.ts_inferred,
         )
 
     def sample(
@@ -142,6 +145,13 @@ class Sink:
 
     def events(self) -> pl.DataFrame:
         return pl.DataFrame(self._events, schema=EVENT_SCHEMA)
+
+    @staticmethod
+    def merge(sinks: list[Sink]) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """The events and series of many sinks, in order, each table built in one conversion."""
+        events = pl.DataFrame([row for sink in sinks for row in sink._events], schema=EVENT_SCHEMA)
+        series = {k: [v for sink in sinks for v in sink._series[k]] for k in SERIES_SCHEMA}
+        return events, pl.DataFrame(series, schema=SERIES_SCHEMA)
 
     def series(self) -> pl.DataFrame:
         return pl.DataFrame(self._series, schema=SERIES_SCHEMA)
