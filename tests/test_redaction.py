@@ -103,19 +103,19 @@ SECRET_TOKENS = [HF, OPENAI, WANDB_OLD, AWS_ID, GITHUB, JWT, PASSWORD]
 
 @pytest.fixture(scope="module")
 def planted_run(tmp_path_factory):
-    """The bundled example, with secrets in a log line, a metric name, a file name and a URL."""
+    """The bundled example, with secrets in its OOM lines, a metric name, file names and a URL."""
     run = tmp_path_factory.mktemp("secret") / "oom_then_timeout"
     shutil.copytree(REPO / "examples" / "oom_then_timeout", run)
-    driver = run / "driver.log"
-    text = driver.read_text(encoding="utf-8")
-    oom = next(line for line in text.splitlines() if "torch.OutOfMemoryError" in line)
-    leaky = f"HF_TOKEN={HF} WANDB_API_KEY={WANDB_OLD} Authorization: Bearer {JWT} torch.OutOfMemoryError"
-    planted = (
-        oom.replace("torch.OutOfMemoryError", leaky)
-        + f"\nstep:1 - {OPENAI}:0.5 - actor/pg_loss:0.1\nredis://:{PASSWORD}@10.0.0.5:6379 {AWS_ID}\n"
+    leaky = (
+        f"HF_TOKEN={HF} WANDB_API_KEY={WANDB_OLD} Authorization: Bearer {JWT} redis://:{PASSWORD}@10.0.0.5:6379 "
+        f"{AWS_ID} torch.OutOfMemoryError"
     )
-    driver.write_text(text.replace(oom + "\n", planted, 1), encoding="utf-8")
-    driver.rename(driver.with_name(f"driver_{GITHUB}.log"))
+    for log in [run / "driver.log", *run.glob("torchrun_logs/*/attempt_0/1/stderr.log")]:
+        text = log.read_text(encoding="utf-8")
+        oom = next(line for line in text.splitlines() if "torch.OutOfMemoryError" in line)
+        log.write_text(text.replace(oom, oom.replace("torch.OutOfMemoryError", leaky), 1))
+        log.rename(log.with_name(f"{log.stem}_{GITHUB}.log"))
+    (run / "tail.log").write_text(f"step:11 - {OPENAI}:0.5\n")  # a metric named like a key, at a logged step
     return run
 
 
@@ -138,8 +138,11 @@ def test_no_secret_reaches_any_output(planted_run, tmp_path):
             assert secret not in text, (name, secret)
     doc = json.loads(outputs["json"])
     evidence = doc["verdict"]["root_cause"]["evidence"][0]
-    assert evidence["file"] == "driver_[REDACTED github token].log"
-    assert evidence["text"].startswith("HF_TOKEN=[REDACTED hf token] WANDB_API_KEY=[REDACTED wandb key]")
+    assert evidence["file"].endswith("_[REDACTED github token].log")
+    assert evidence["text"].startswith(
+        "HF_TOKEN=[REDACTED hf token] WANDB_API_KEY=[REDACTED wandb key] Authorization: Bearer [REDACTED jwt] "
+        "redis://:[REDACTED]@10.0.0.5:6379 [REDACTED aws key id] torch.OutOfMemoryError"
+    )
     assert "[REDACTED api key]" in doc["metrics"]
     assert "driver_[REDACTED github token].log" in outputs["html"]
     assert "HF_TOKEN=[REDACTED hf token]" in outputs["md"]
@@ -154,7 +157,7 @@ def test_plot_data_is_redacted_too(planted_run):
     page = render_html(a)
     assert GITHUB not in page  # ...the page does not
     figure_data = page.split('id="figure-data">', 1)[1].split("</script>", 1)[0]
-    assert "driver_[REDACTED github token].log" in figure_data
+    assert "_[REDACTED github token].log" in figure_data
 
 
 def test_config_values_and_keys_are_redacted(planted_run):
@@ -171,7 +174,7 @@ def test_config_values_and_keys_are_redacted(planted_run):
 def test_no_redact_shows_the_secrets(planted_run, tmp_path):
     outputs = _outputs(planted_run, tmp_path, "--no-redact")
     doc = json.loads(outputs["json"])
-    assert WANDB_OLD in doc["verdict"]["root_cause"]["evidence"][0]["text"]
+    assert all(secret in doc["verdict"]["root_cause"]["evidence"][0]["text"] for secret in (WANDB_OLD, PASSWORD))
     assert HF in outputs["terminal"].replace("\n", "")
     assert OPENAI in doc["metrics"]
     assert GITHUB in outputs["html"]
