@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import forensics.analyze as analyze_module
 from forensics.analyze import analyze
 from forensics.report.html import render_html
 from forensics.report.json_report import dumps
@@ -57,6 +58,7 @@ def timed(label: str, fn, base: float) -> object:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=100_000)
+    parser.add_argument("--without-quiet-pass", action="store_true", help="also time every file through the scanner")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run = make_run(Path(tmp), args.files)
@@ -65,6 +67,10 @@ def main() -> None:
         print(f"{args.files:,} files; baseline (walk + read 4 KiB each): {base:.2f} s")
         found = timed("discover", lambda: discover([run]), base)
         a = timed("analyze (discover+scan+...)", lambda: analyze([run]), base)
+        if args.without_quiet_pass:
+            real, analyze_module.quiet_small_files = analyze_module.quiet_small_files, lambda files, searches: {}
+            timed("analyze, every file scanned", lambda: analyze([run]), base)
+            analyze_module.quiet_small_files = real
         json_text = timed("JSON report", lambda: dumps(a), base)
         page = timed("HTML report", lambda: render_html(a), base)
         print(f"files found {len(found.files):,}; findings {[f.rule for f in a.findings]}")
