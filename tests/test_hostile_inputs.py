@@ -39,8 +39,8 @@ FLOOD_LINES = int(os.environ.get("FORENSICS_FLOOD_LINES", "200000"))  # the one-
 REPORT_LIMIT_BYTES = 5 * 1024**2
 
 
-def _json(run: Path, tmp_path: Path, *extra: str) -> dict:
-    result = CliRunner().invoke(main, ["analyze", str(run), "--no-html", "--json", "-", "-q", *extra])
+def _json(run: Path) -> dict:
+    result = CliRunner().invoke(main, ["analyze", str(run), "--no-html", "--json", "-", "-q"])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -57,7 +57,7 @@ def test_log_cut_mid_line_keeps_every_complete_line_and_the_fragment(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "worker.log").write_bytes(f'starting\n{OOM_LINE}\nTraceback (most recent call last):\n  File "tr'.encode())
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert _oom_evidence(doc) == [("worker.log", 2)]
     assert _file(doc, "worker.log")["lines"] == 4
 
@@ -68,7 +68,7 @@ def test_truncated_gzip_gives_the_lines_before_the_cut_and_a_warning(tmp_path):
     body = nccl_info_lines(20_000) + OOM_LINE.encode() + b"\n" + nccl_info_lines(3000)
     packed = gzip.compress(body)
     (run / "worker.log.gz").write_bytes(packed[: len(packed) - 40])  # the trailer and the last lines are lost
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert _oom_evidence(doc) == [("worker.log.gz", 20_001)]
     warning = next(w for w in doc["warnings"] if w.startswith("worker.log.gz: "))
     assert "damaged gzip data" in warning and "EOFError" in warning
@@ -82,7 +82,7 @@ def test_truncated_bz2_and_xz_are_salvaged_too(tmp_path, compress):
     run.mkdir()
     packed = compress(OOM_LINE.encode() + b"\n" + nccl_info_lines(30_000))
     (run / "worker.log.z").write_bytes(packed[: len(packed) * 3 // 4])
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert _oom_evidence(doc) == [("worker.log.z", 1)]
     assert any(w.startswith("worker.log.z: damaged ") for w in doc["warnings"])
     assert 1 < _file(doc, "worker.log.z")["lines"] < 30_001
@@ -96,7 +96,7 @@ def test_corrupt_gzip_is_read_up_to_the_damage_and_a_bad_header_is_skipped_with_
         packed[i] ^= 0x5A
     (run / "flipped.log.gz").write_bytes(bytes(packed))
     (run / "header.log.gz").write_bytes(b"\x1f\x8b\x08\xff" + os.urandom(200))
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert ("flipped.log.gz", 1) in _oom_evidence(doc)
     assert any(w.startswith("flipped.log.gz: damaged gzip data") for w in doc["warnings"])
     assert _file(doc, "header.log.gz")["kind"] == "skipped"
@@ -110,7 +110,7 @@ def test_a_10_gb_gzip_bomb_stops_within_megabytes_with_a_warning(tmp_path):
     expanded = write_gzip_bomb(run / "worker.log.gz", head, 10 * 10**9)
     assert expanded > 10 * 10**9 - 64 * 1024**2
     assert (run / "worker.log.gz").stat().st_size < 12 * 1024**2
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert _oom_evidence(doc) == [("worker.log.gz", 1)]
     warning = next(w for w in doc["warnings"] if w.startswith("worker.log.gz: "))
     assert "over 16 MiB of the byte b'\\x00' in a row (a decompression bomb" in warning
@@ -121,7 +121,7 @@ def test_a_bomb_of_zeros_only_is_skipped_as_binary_without_decompressing_it(tmp_
     run = tmp_path / "run"
     run.mkdir()
     write_gzip_bomb(run / "worker.log.gz", b"", 10 * 10**9)
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert _file(doc, "worker.log.gz")["kind"] == "skipped"
     assert "worker.log.gz: named like text but holds binary data; skipped" in doc["warnings"]
 
@@ -143,7 +143,7 @@ def test_invalid_utf8_is_replaced_and_the_line_still_fires_its_rule(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "worker.log").write_bytes(b"ok \xff\xfe\n\xc3\x28 " + OOM_LINE.encode() + b" \xed\xa0\x80\n")
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert _oom_evidence(doc) == [("worker.log", 2)]
     text = next(f for f in doc["findings"] if f["rule"] == "cuda-oom")["evidence"][0]["text"]
     assert "\ufffd" in text
@@ -154,7 +154,7 @@ def test_a_50_mb_line_is_read_and_capped_and_the_next_line_is_found(tmp_path):
     run.mkdir()
     huge = b"NCCL WARN " + b"x" * (50 * 1024**2) + b"\n"
     (run / "worker.log").write_bytes(b"first\n" + huge + OOM_LINE.encode() + b"\n")
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert _oom_evidence(doc) == [("worker.log", 3)]
     assert _file(doc, "worker.log")["lines"] == 3
     assert all(len(e["text"]) <= 2000 for f in doc["findings"] for e in f["evidence"])
@@ -164,7 +164,7 @@ def test_an_nccl_info_flood_is_read_to_the_end(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "nccl.log").write_bytes(nccl_info_lines(FLOOD_LINES) + OOM_LINE.encode() + b"\n")
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert _oom_evidence(doc) == [("nccl.log", FLOOD_LINES + 1)]
     assert _file(doc, "nccl.log")["lines"] == FLOOD_LINES + 1
 
@@ -174,7 +174,7 @@ def test_binary_named_log_is_skipped_with_a_warning(tmp_path):
     run.mkdir()
     (run / "worker.log").write_bytes(bytes(range(256)) * 64)
     (run / "driver.log").write_text(OOM_LINE + "\n")
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert _file(doc, "worker.log") | {"note": "binary content", "kind": "skipped"} == _file(doc, "worker.log")
     assert "worker.log: named like text but holds binary data; skipped" in doc["warnings"]
     assert _oom_evidence(doc) == [("driver.log", 1)]
@@ -185,7 +185,7 @@ def test_half_written_jsonl_keeps_the_complete_records(tmp_path):
     (run / "proj").mkdir(parents=True)
     rows = [json.dumps({"step": s, "data": {"actor/pg_loss": s / 10, "critic/score/mean": 0.5}}) for s in (1, 2, 3)]
     (run / "proj" / "exp.jsonl").write_text("\n".join(rows) + '\n{"step": 4, "data": {"actor/pg_lo')
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert doc["metrics"]["actor/pg_loss"]["last_step"] == 3
     assert doc["metrics"]["actor/pg_loss"]["last"] == 0.3
     assert "proj/exp.jsonl: 1 line(s) were not valid file-logger records and were skipped" in doc["warnings"]
@@ -203,7 +203,7 @@ def test_corrupt_sqlite_does_not_stop_the_analysis(tmp_path):
     data[100:4096] = os.urandom(3996)  # the page after the header is garbage
     db.write_bytes(bytes(data))
     (run / "driver.log").write_text(OOM_LINE + "\n")
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert _oom_evidence(doc) == [("driver.log", 1)]
     entry = _file(doc, "profile.sqlite")
     assert entry["note"] or any(w.startswith("profile.sqlite: ") for w in doc["warnings"])
@@ -216,7 +216,7 @@ def test_unreadable_file_is_listed_and_skipped(tmp_path):
     (run / "secret.log").write_text(OOM_LINE + "\n")
     (run / "secret.log").chmod(0)
     try:
-        doc = _json(run, tmp_path)
+        doc = _json(run)
     finally:
         (run / "secret.log").chmod(0o644)
     assert _file(doc, "secret.log")["note"] == "not readable (permission denied)"
@@ -247,12 +247,12 @@ def test_a_file_that_refuses_to_open_is_listed_and_skipped(tmp_path, monkeypatch
 def test_empty_folder_and_empty_files_give_a_report_with_a_warning(tmp_path):
     run = tmp_path / "run"
     (run / "nothing" / "here").mkdir(parents=True)
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert doc["run"]["files"] == []
     assert any(w.startswith("no files to read") for w in doc["warnings"])
     (run / "empty.log").write_bytes(b"")
     (run / "newline.log").write_bytes(b"\n")
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert [(f["path"], f["kind"], f["lines"]) for f in doc["run"]["files"]] == [
         ("empty.log", "log", 0),
         ("newline.log", "log", 1),
@@ -273,7 +273,7 @@ def test_links_are_not_followed_out_of_the_run_or_round_in_circles(tmp_path):
     (run / "loop_b").symlink_to("loop_a")
     (run / "self").symlink_to(".")
     (run / "gone.log").symlink_to("missing.log")
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert [f["path"] for f in doc["run"]["files"]] == ["logs/run_3.log"]
     assert _oom_evidence(doc) == [("logs/run_3.log", 2)]
     warnings = set(doc["warnings"])
@@ -390,7 +390,7 @@ def test_flight_recorder_dumps_that_would_run_code_run_nothing(tmp_path):
     (run / "fr" / "state.pkl").write_bytes(pickle.dumps(_Planted(tmp_path / "created_pkl", "system")))
     markers.append(tmp_path / "created_pkl")
     before = tree_state(run)
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert not [m for m in markers if m.exists()]
     assert tree_state(run) == before
     refused = [w for w in doc["warnings"] if "flight-recorder dump not decoded: refusing to load" in w]
@@ -449,7 +449,7 @@ def test_half_written_kineto_traces_give_the_events_before_the_cut(tmp_path):
     (run / "rank2.3.pt.trace.json").write_bytes(b'{"traceEvents": [{"ph": "X", "dur": "x", "ts": null}, 5, []]}')
     (run / "rank3.4.pt.trace.json").write_bytes(b"")
     (run / "driver.log").write_text(OOM_LINE + "\n")
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert _oom_evidence(doc) == [("driver.log", 1)]
     for name in ("rank0.1.pt.trace.json", "rank1.2.pt.trace.json.gz"):
         assert (
@@ -476,7 +476,7 @@ def test_an_nsys_export_is_opened_without_creating_wal_or_shm_files(tmp_path):
     run.mkdir()
     _nsys_like(run / "profile.nsys.sqlite", wal=True)
     before = tree_state(run)
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert _file(doc, "profile.nsys.sqlite")["kind"] == "nsys_sqlite"
     assert tree_state(run) == before
 
@@ -490,7 +490,7 @@ def test_a_corrupt_nsys_export_is_a_warning(tmp_path):
     data[4096:] = (bytes(range(256)) * len(data))[: len(data) - 4096]  # every page after the schema is garbage
     db.write_bytes(bytes(data))
     (run / "driver.log").write_text(OOM_LINE + "\n")
-    doc = _json(run, tmp_path)
+    doc = _json(run)
     assert _oom_evidence(doc) == [("driver.log", 1)]
     damaged = [w for w in doc["warnings"] if w.startswith("profile.nsys.sqlite: ")]
     assert damaged and all(w.endswith("could not be read: database disk image is malformed") for w in damaged)
