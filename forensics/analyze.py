@@ -19,7 +19,7 @@ from forensics.analyses.traces import review_traces
 from forensics.model import Analysis, FileReport
 from forensics.resources import patterns_dir
 from forensics.rules import Rule, load_rules
-from forensics.run import SKIPPED, TEXT_LOG, RunFile, discover
+from forensics.run import SKIPPED, TEXT_LOG, RunFile, discover, quiet_small_files
 from forensics.scan import TextScanner
 from forensics.sources import file_sources, line_extractors
 from forensics.sources.base import FileResult, Sink
@@ -36,11 +36,15 @@ def load_rule_set(overlays: list[Path]) -> list[Rule]:
     return rules
 
 
-def _read_one(rf: RunFile, scanner: TextScanner, read_ahead: bool = False) -> tuple[Sink, FileReport, FileResult]:
+def _read_one(
+    rf: RunFile, scanner: TextScanner, read_ahead: bool = False, quiet_lines: int | None = None
+) -> tuple[Sink, FileReport, FileResult]:
     sink = Sink()
     report = FileReport(rf.rel, rf.kind, rf.bytes, note=rf.note)
     result = FileResult()
-    if rf.kind == TEXT_LOG:
+    if rf.kind == TEXT_LOG and quiet_lines is not None:
+        result.lines = quiet_lines  # nothing in it can match: see quiet_small_files
+    elif rf.kind == TEXT_LOG:
         result.lines, result.warnings = scanner.scan(rf.path, rf.rel, sink, read_ahead=read_ahead)
     elif rf.kind != SKIPPED:
         source = next(s for s in file_sources() if s.kind == rf.kind)
@@ -74,13 +78,15 @@ def analyze(
     timings["rules"] = time.perf_counter() - t1
 
     t1 = time.perf_counter()
+    quiet = quiet_small_files(run.files, scanner.searches)
+    results = {f.rel: _read_one(f, scanner, quiet_lines=quiet[f.rel]) for f in run.files if f.rel in quiet}
     jobs = options.jobs or os.cpu_count() or 1
-    ordered = sorted(run.files, key=lambda f: -f.bytes)  # big files first keep the pool busy
+    ordered = sorted((f for f in run.files if f.rel not in quiet), key=lambda f: -f.bytes)  # big files first
     # a file larger than an even share of the work cannot be balanced by the pool: it reads ahead instead
     fair_share = sum(f.bytes for f in ordered) / jobs
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         done = pool.map(lambda f: _read_one(f, scanner, read_ahead=f.bytes > fair_share), ordered)
-        results = dict(zip([f.rel for f in ordered], done, strict=True))
+        results.update(zip([f.rel for f in ordered], done, strict=True))
     warnings = list(run.warnings)
     reports, sinks, marks = [], [], []
     config: dict = {}

@@ -38,6 +38,7 @@ from forensics import __version__
 from forensics.analyze import Options, analyze
 from forensics.fingerprint import fingerprint, root_fingerprint, run_hosts
 from forensics.model import Analysis, severity_rank
+from forensics.redact import redact_tree
 from forensics.report.batch_html import render_batch_html
 from forensics.report.html import render_html
 from forensics.report.json_report import to_json_dict
@@ -313,7 +314,7 @@ def analyse_run(spec: RunSpec, settings: Settings) -> RunOutcome:
         analysis = analyze([Path(spec.path)], options)
         doc = to_json_dict(analysis, settings.redact)
         outcome = RunOutcome(
-            row=_row(spec, analysis, doc),
+            row=redact_tree(_row(spec, analysis, doc)) if settings.redact else _row(spec, analysis, doc),
             html=render_html(analysis, settings.redact),
             json=json.dumps(doc, indent=2, default=str) + "\n",
         )

@@ -27,8 +27,15 @@ from forensics.report.markdown import render_markdown
 from forensics.report.terminal import print_summary
 from forensics.resources import patterns_dir
 from forensics.rules import RuleLoadError, load_rules
+from forensics.run import run_name
 
 SEVERITY_CHOICES = click.Choice(["info", "warning", "error", "critical"])
+
+
+class InputError(click.ClickException):
+    """Bad input (rules, paths): `Error: …` and exit status 2, as for bad usage."""
+
+    exit_code = 2
 
 
 def _inside(path: Path, folders: list[Path]) -> bool:
@@ -41,6 +48,7 @@ def _inside(path: Path, folders: list[Path]) -> bool:
 
 
 def _write(path: str, text: str, inputs: list[Path]) -> None:
+    text = text.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate from a hostile file cannot be written
     if path == "-":
         sys.stdout.write(text)
         return
@@ -93,21 +101,23 @@ def analyze_cmd(
     for p in inputs:
         if not p.exists():
             raise click.BadParameter(f"{p}: no such file or folder", param_hint="PATHS")
+    report_path = None if no_html else output or f"{run_name(inputs)}.forensics.html"
+    for target in (report_path, json_out, md_out):  # refused before the work, not after it
+        if target and target != "-" and _inside(Path(target), inputs):
+            raise click.UsageError(
+                f"{target} is inside the run folder, which forensics never modifies; write it elsewhere (-o FILE)"
+            )
     try:
         result = analyze(inputs, Options(patterns=list(pattern_dirs), jobs=jobs))
     except RuleLoadError as exc:
-        raise click.ClickException(
-            f"invalid rules:\n{exc}\nRun `forensics patterns lint DIR` for every problem."
-        ) from exc
-    except (FileNotFoundError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise InputError(f"invalid rules:\n{exc}\nRun `forensics patterns lint DIR` for every problem.") from exc
+    except (OSError, ValueError) as exc:
+        raise InputError(str(exc)) from exc
     redact_secrets = not no_redact
     t_report = time.perf_counter()
     doc = to_json_dict(result, redact_secrets)
     console = Console(stderr=json_out == "-" or md_out == "-", highlight=False)
-    report_path = None
-    if not no_html:
-        report_path = output or f"{result.run_name}.forensics.html"
+    if report_path:
         _write(report_path, render_html(result, redact_secrets), inputs)
     if json_out:
         _write(json_out, dumps(result, redact_secrets) + "\n", inputs)
@@ -277,7 +287,7 @@ def _rules(extra: tuple[Path, ...]):
     try:
         rules, _ = load_rules([patterns_dir(), *extra])
     except RuleLoadError as exc:
-        raise click.ClickException(f"invalid rules:\n{exc}") from exc
+        raise InputError(f"invalid rules:\n{exc}") from exc
     return rules
 
 

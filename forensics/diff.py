@@ -15,7 +15,7 @@ import polars as pl
 
 from forensics.fingerprint import root_fingerprint
 from forensics.model import Analysis, Finding
-from forensics.report.json_report import _redact_tree
+from forensics.redact import redact_tree
 
 SCHEMA = "forensics.diff/v1"
 MAX_POINTS = 60
@@ -314,4 +314,4 @@ def compare(a: Analysis, b: Analysis, redact_secrets: bool = True) -> dict[str, 
         "warnings": [f"A: {w}" for w in a.warnings[:20]] + [f"B: {w}" for w in b.warnings[:20]],
     }
     doc["verdict"] = verdict_line(doc)
-    return _redact_tree(doc) if redact_secrets else doc
+    return redact_tree(doc) if redact_secrets else doc

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -22,9 +23,9 @@ import regex
 
 from forensics.attribution import FileContext, attribute, file_context
 from forensics.prefilter import Literals, literal_searches, required_literals
-from forensics.rules.model import Rule
+from forensics.rules.model import USER_REGEX_TIMEOUT_S, Rule
 from forensics.sources.base import Hit, LineExtractor, LineRecord, Sink
-from forensics.textio import LineBatch, ReadLimitExceeded, iter_line_batches, open_binary, prefetched
+from forensics.textio import LineBatch, ReadLimitExceeded, iter_line_batches, open_binary, prefetched, read_problem
 
 _NAMED_GROUP = re.compile(r"(?<!\\)\(\?P<\w+>")
 MAX_HITS_PER_FILE = 200_000  # a flood of matches stops being read, with a warning
@@ -32,6 +33,7 @@ MAX_HITS_PER_FILE = 200_000  # a flood of matches stops being read, with a warni
 # when the candidates are more than this many line-literal tests (~60 ns each in Python) would cost.
 LITERAL_TESTS_IN_PYTHON_MAX = 12_000
 LOOKBACK_LINES = 64  # how far above an undated error its time is looked for (a long traceback fits)
+RULE_TIME_BUDGET_S = 10.0  # Python time one rule may spend on its candidate lines before it is switched off
 
 
 def prefilter_form(pattern: str) -> str:
@@ -49,6 +51,16 @@ def _python_search(pattern: str) -> Callable[[str], object] | None:
     return None
 
 
+def _rule_search(pattern: str) -> Callable[[str], object] | None:
+    """A rule's search in Python, with the time limit: rules may come from users (`--patterns`), and a
+    backtracking regex like `(a|aa)+$` takes forever on one long line. Raises TimeoutError."""
+    try:
+        compiled = regex.compile(pattern)
+    except (regex.error, ValueError, OverflowError):
+        return None
+    return lambda line: compiled.search(line, timeout=USER_REGEX_TIMEOUT_S)
+
+
 @dataclass(frozen=True)
 class _Pattern:
     rust: str
@@ -63,7 +75,8 @@ class _Pattern:
 
 
 def _pattern(source: str, rule: Rule | None = None, extractor: LineExtractor | None = None) -> _Pattern:
-    return _Pattern(prefilter_form(source), rule, extractor, required_literals(source), _python_search(source))
+    search = _rule_search(source) if rule is not None else _python_search(source)
+    return _Pattern(prefilter_form(source), rule, extractor, required_literals(source), search)
 
 
 class TextScanner:
@@ -88,6 +101,8 @@ class TextScanner:
         self._plain_list = list(self._plain)
         self._always = [i for i, p in enumerate(patterns) if p.literals is None]
         self._python_lookup_max = LITERAL_TESTS_IN_PYTHON_MAX // max(1, len(self._plain_list))
+        self._rule_seconds: dict[str, float] = {}
+        self.disabled: dict[str, tuple[str, str]] = {}  # rule id -> (file that tripped it, warning)
 
     def scan(self, path: Path, rel: str, sink: Sink, *, read_ahead: bool = False) -> tuple[int, list[str]]:
         """Read one text file into the sink; returns its line count and any warnings.
@@ -110,13 +125,17 @@ class TextScanner:
                             warnings.append(
                                 f"{rel}: over {MAX_HITS_PER_FILE} matching lines; the rest were counted, not read"
                             )
+                problem = read_problem(stream)
+                if problem:
+                    warnings.append(f"{rel}: {problem}; the {lines:,} lines before it were read")
         except ReadLimitExceeded as exc:
             warnings.append(f"{rel}: decompressed size limit reached ({exc}); the rest was not read")
         except (OSError, EOFError, ValueError) as exc:
             warnings.append(f"{rel}: read stopped at line {lines}: {type(exc).__name__}: {exc}")
+        warnings.extend(message for owner, message in self.disabled.values() if owner == rel)
         return lines, warnings
 
-    def hits(self, batch: LineBatch) -> Iterator[tuple[int, str, list[_Pattern]]]:
+    def hits(self, batch: LineBatch, rel: str = "") -> Iterator[tuple[int, str, list[_Pattern]]]:
         """(index into batch.lines, text, matching patterns) of each owned line that some pattern matches."""
         lines = batch.lines
         if batch.own_start or batch.own_end != lines.len():
@@ -131,7 +150,7 @@ class TextScanner:
             found = lines.gather(rows).str.extract_many(self._plain_list, overlapping=True).to_list()
         for pos, present in zip((rows + batch.own_start).tolist(), found, strict=True):
             text = batch.text(pos)
-            patterns = self.patterns_matching(text, present)
+            patterns = self.patterns_matching(text, present, (rel, batch.line_number(pos)))
             if patterns:
                 yield pos, text, patterns
 
@@ -146,10 +165,13 @@ class TextScanner:
         )
         return found.to_series().to_numpy()
 
-    def patterns_matching(self, line: str, present: list[str] | None = None) -> list[_Pattern]:
+    def patterns_matching(
+        self, line: str, present: list[str] | None = None, where: tuple[str, int] = ("", 0)
+    ) -> list[_Pattern]:
         """The patterns that match one line, in registration order (extractors before rules).
 
-        `present`: the plain literals the line holds, when already found in Rust.
+        `present`: the plain literals the line holds, when already found in Rust. `where` (file, line)
+        names the line in the warning when a rule's regex times out on it and is switched off.
         """
         tried = set(self._always)
         if present is None:
@@ -161,12 +183,23 @@ class TextScanner:
             for s, indexes in self._folded.items():
                 if s in lowered:
                     tried.update(indexes)
-        return [self.patterns[i] for i in sorted(tried) if self.patterns[i].matches(line)]
+        return [self.patterns[i] for i in sorted(tried) if self._try(self.patterns[i], line, where)]
+
+    def _try(self, pattern: _Pattern, line: str, where: tuple[str, int]) -> bool:
+        if pattern.rule is None:
+            return pattern.matches(line)
+        if pattern.rule.id in self.disabled:
+            return False
+        try:
+            return self._within_budget(pattern.rule, where, lambda: pattern.matches(line))
+        except TimeoutError:
+            self._disable(pattern.rule, where, f"its regex timed out (over {USER_REGEX_TIMEOUT_S:g} s) on")
+            return False
 
     def _scan_batch(self, batch: LineBatch, rel: str, fctx: FileContext, sink: Sink) -> int:
         found = 0
         earlier = _EarlierTimestamps(batch, fctx)
-        for pos, text, patterns in self.hits(batch):
+        for pos, text, patterns in self.hits(batch, rel):
             found += 1
             hit = Hit(rel, batch.line_number(pos), text, attribute(text, fctx), batch, pos, fctx)
             self._handle(hit, patterns, sink, earlier)
@@ -178,9 +211,13 @@ class TextScanner:
         for pattern in patterns:
             if pattern.extractor is not None:
                 pattern.extractor.handle(rec, sink)
-            elif pattern.rule is not None and pattern.rule.id not in seen_rules:
+            elif pattern.rule is not None and pattern.rule.id not in seen_rules | self.disabled.keys():
                 seen_rules.add(pattern.rule.id)
-                self._apply_rule(pattern.rule, rec)
+                where = (hit.file, hit.line)
+                try:
+                    self._within_budget(pattern.rule, where, lambda rule=pattern.rule: self._apply_rule(rule, rec))
+                except TimeoutError:
+                    self._disable(pattern.rule, where, f"its regex timed out (over {USER_REGEX_TIMEOUT_S:g} s) on")
         if hit.ctx.ts is not None:
             earlier.seen(hit.index, hit.ctx.ts)
         elif rec.rules or rec.level in ("error", "critical"):
@@ -189,6 +226,28 @@ class TextScanner:
             rec.ts_inferred = hit.ctx.ts is not None
         if rec.rules or (rec.kind and rec.notable):
             sink.record(rec)
+
+    def _within_budget(self, rule: Rule, where: tuple[str, int], work: Callable[[], object]) -> object:
+        """Run a rule's Python regex work, switching the rule off once it has used RULE_TIME_BUDGET_S.
+
+        The candidate search runs in Rust's linear-time engine, but telling hits apart and extracting
+        values use Python's backtracking engines, where one user rule can cost seconds on every line.
+        """
+        start = time.perf_counter()
+        try:
+            return work()
+        finally:
+            spent = self._rule_seconds.get(rule.id, 0.0) + time.perf_counter() - start
+            self._rule_seconds[rule.id] = spent
+            if spent > RULE_TIME_BUDGET_S:
+                self._disable(rule, where, f"its regex used over {RULE_TIME_BUDGET_S:g} s of matching, last on")
+
+    def _disable(self, rule: Rule, where: tuple[str, int], why: str) -> None:
+        message = (
+            f"rule {rule.id} ({rule.path or 'no file'}): {why} {where[0]}:{where[1]}; "
+            "it was switched off for the rest of this analysis"
+        )
+        self.disabled.setdefault(rule.id, (where[0], message))
 
     @staticmethod
     def _apply_rule(rule: Rule, rec: LineRecord) -> None:
@@ -199,7 +258,7 @@ class TextScanner:
         if clause.followed_by:
             follow = clause.compiled_followed_by
             ahead = rec.hit.following(clause.window)
-            if follow is None or not any(follow.search(line) for line in ahead):
+            if follow is None or not any(follow.search(line, timeout=USER_REGEX_TIMEOUT_S) for line in ahead):
                 return
         rec.rules.append(rule.id)
         window = [body, *rec.hit.following(rule.extract_window)] if rule.extract_window else [body]

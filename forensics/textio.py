@@ -26,6 +26,14 @@ CHUNK_BYTES = 16 * 1024 * 1024
 NEWLINE = 10
 CONTEXT_LINES = 64  # lines kept on both sides of a batch so multi-line records can be read whole
 MAX_DECOMPRESSED_BYTES = 8 * 1024**3  # a bomb stops here, with a warning
+# A bomb is stopped sooner. The classic one (GBs of one repeated byte: zeros, newlines) by that run, which no
+# log holds; any other by its expansion: gzip cannot exceed ~1030:1 and real logs stay under ~300:1 (a flood of
+# identical lines); the decoder's read-ahead makes the measured ratio of a gzip bomb ~700:1 at 256 MiB.
+# Formats that compress further (xz, zstd) can cut a genuine flood short, with a warning that says so.
+MAX_UNIFORM_RUN_BYTES = 16 * 1024**2
+MAX_EXPANSION_RATIO = 500
+RATIO_CHECKED_AFTER_BYTES = 256 * 1024**2
+MAX_LINE_CHARS = 64 * 1024  # what Python reads of one line; a longer one is matched whole in Rust only
 
 _MAGIC = {
     b"\x1f\x8b": "gzip",
@@ -68,21 +76,93 @@ class _ZstdReader(io.RawIOBase):
         return len(data)
 
 
+class _Decompressed(io.RawIOBase):
+    """A decompressing reader that ends cleanly where the data is damaged or turns out to be a bomb.
+
+    Everything decoded before the problem is returned (a truncated .gz still yields its lines, the last
+    ones being the ones that matter after a crash) and the reason is kept in `problem` for a warning.
+    """
+
+    def __init__(self, decoder: BinaryIO, raw: BinaryIO, kind: str):
+        self._decoder = decoder
+        self._raw = raw
+        self.kind = kind
+        self.decoded = 0
+        self.problem: str | None = None
+        self._run_byte = b""
+        self._run_bytes = 0  # length of the current run of one repeated byte
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        if self.problem is not None:
+            return 0
+        view = memoryview(b).cast("B")
+        try:
+            data = self._decoder.read1(len(view))  # one decoding step, so a failure loses nothing decoded
+        except Exception as exc:  # any decoder error (zlib, lzma, zstd, EOF, header) means damaged data
+            self.problem = f"damaged {self.kind} data after {self.decoded:,} bytes ({type(exc).__name__}: {exc})"
+            return 0
+        n = len(data)
+        view[:n] = data
+        self.decoded += n
+        self._check_bomb(data)
+        return n
+
+    def _check_bomb(self, data: bytes) -> None:
+        first = data[:1]
+        if first and data.count(first) == len(data):
+            self._run_bytes = self._run_bytes + len(data) if first == self._run_byte else len(data)
+            self._run_byte = first
+        else:
+            self._run_bytes = 0
+        if self._run_bytes > MAX_UNIFORM_RUN_BYTES:
+            self.problem = (
+                f"{self.kind} data holds over {MAX_UNIFORM_RUN_BYTES // 2**20} MiB of the byte {first!r} in a row "
+                f"(a decompression bomb, or a zero-filled tail); stopped after {self.decoded // 2**20:,} MiB"
+            )
+        elif self.decoded > RATIO_CHECKED_AFTER_BYTES and self.decoded > MAX_EXPANSION_RATIO * max(1, self._raw.tell()):
+            self.problem = (
+                f"{self.kind} data expands more than {MAX_EXPANSION_RATIO}:1 (a decompression bomb?); "
+                f"stopped after {self.decoded // 2**20:,} MiB; decompress it yourself to read it whole"
+            )
+
+    def close(self) -> None:
+        self._decoder.close()
+        self._raw.close()
+        super().close()
+
+
 def open_binary(path: Path) -> BinaryIO:
-    """Open a file for reading bytes, decompressing gzip, bz2, xz and zstd by their magic bytes."""
+    """Open a file for reading bytes, decompressing gzip, bz2, xz and zstd by their magic bytes.
+
+    A compressed file ends early, never with an exception, where it is damaged: see `read_problem`.
+    """
     raw = path.open("rb")
     head = raw.read(6)
     raw.seek(0)
     kind = compression_of(head)
-    if kind == "gzip":
-        return gzip.GzipFile(fileobj=raw)  # type: ignore[return-value]
-    if kind == "bz2":
-        return bz2.BZ2File(raw)  # type: ignore[return-value]
-    if kind == "xz":
-        return lzma.LZMAFile(raw)  # type: ignore[return-value]
-    if kind == "zstd":
-        return io.BufferedReader(_ZstdReader(raw))  # type: ignore[return-value]
-    return raw
+    if kind is None:
+        return raw
+    try:
+        if kind == "gzip":
+            decoder: BinaryIO = gzip.GzipFile(fileobj=raw)  # type: ignore[assignment]
+        elif kind == "bz2":
+            decoder = bz2.BZ2File(raw)  # type: ignore[assignment]
+        elif kind == "xz":
+            decoder = lzma.LZMAFile(raw)  # type: ignore[assignment]  # noqa: SIM115 (closed with the stream)
+        else:
+            decoder = io.BufferedReader(_ZstdReader(raw))  # type: ignore[assignment]
+    except BaseException:
+        raw.close()
+        raise
+    return io.BufferedReader(_Decompressed(decoder, raw, kind), 1024 * 1024)  # type: ignore[return-value]
+
+
+def read_problem(stream: BinaryIO) -> str | None:
+    """Why a stream from `open_binary` ended before its data did (damage or a bomb), or None."""
+    return getattr(getattr(stream, "raw", None), "problem", None)
 
 
 def read_head(path: Path, size: int = 4096) -> bytes:
@@ -115,10 +195,11 @@ class LineBatch:
 
     def text(self, index: int) -> str:
         if self.data is not None and self.offsets is not None:
-            raw = self.data[self.offsets[index] : self.offsets[index + 1]].tobytes()
+            start = int(self.offsets[index])
+            raw = self.data[start : min(int(self.offsets[index + 1]), start + MAX_LINE_CHARS)].tobytes()
             return raw.decode("utf-8", "replace").rstrip("\r\n")
         value = self.lines[index]
-        return value.rstrip("\r\n") if value is not None else ""
+        return value[:MAX_LINE_CHARS].rstrip("\r\n") if value is not None else ""
 
 
 def _line_array(body: np.ndarray, ends: np.ndarray) -> tuple[pa.LargeStringArray, np.ndarray]:

@@ -6,17 +6,15 @@ Figures are pure functions of the fleet table; links point at each run's own rep
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import plotly.graph_objects as go
-import plotly.io as pio
 import polars as pl
 
 from forensics import __version__
 from forensics.report.figures import CLASS_COLOURS
-from forensics.report.html import plotly_js_gz_b64, template_environment
+from forensics.report.html import figure_json, plotly_js_gz_b64, template_environment
 
 MAX_HEATMAP_HOSTS = 40
 MAX_HEATMAP_RUNS = 200
@@ -187,7 +185,7 @@ def batch_figures(fleet: pl.DataFrame) -> list[tuple[str, go.Figure]]:
 
 
 def render_batch_html(fleet: pl.DataFrame, new: set[str] | None = None, title: str = "batch") -> str:
-    figs = [{"id": n, "json": json.loads(pio.to_json(f, validate=False))} for n, f in batch_figures(fleet)]
+    figs = [{"id": n, "json": figure_json(f)} for n, f in batch_figures(fleet)]  # redacted, labels as text
     return (
         template_environment()
         .get_template("batch.html.j2")

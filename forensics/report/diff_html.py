@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 from typing import Any
 
 import plotly.graph_objects as go
-import plotly.io as pio
 
 from forensics import __version__
 from forensics.diff import per_step
 from forensics.model import Analysis
-from forensics.report.html import plotly_js_gz_b64, template_environment
+from forensics.report.html import figure_json, plotly_js_gz_b64, template_environment
 
 MAX_SERIES_FIGURES = 6
 SIDE_STYLE = {"A": {"dash": "dot", "color": "#b42318"}, "B": {"dash": "solid", "color": "#175cd3"}}
@@ -55,7 +53,7 @@ def diff_figures(a: Analysis, b: Analysis, doc: dict[str, Any]) -> list[tuple[st
 
 
 def render_diff_html(a: Analysis, b: Analysis, doc: dict[str, Any]) -> str:
-    figs = [{"id": n, "json": json.loads(pio.to_json(f, validate=False))} for n, f in diff_figures(a, b, doc)]
+    figs = [{"id": n, "json": figure_json(f)} for n, f in diff_figures(a, b, doc)]  # redacted, labels as text
     return (
         template_environment()
         .get_template("diff.html.j2")

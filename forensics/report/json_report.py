@@ -9,7 +9,7 @@ from typing import Any
 import polars as pl
 
 from forensics.model import Analysis, iso
-from forensics.redact import redact
+from forensics.redact import redact_tree
 
 SCHEMA = "forensics.report/v1"
 
@@ -69,16 +69,6 @@ def metric_summary(series: pl.DataFrame) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _redact_tree(value: Any) -> Any:
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, list):
-        return [_redact_tree(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _redact_tree(v) for k, v in value.items()}
-    return value
-
-
 def to_json_dict(a: Analysis, redact_secrets: bool = True) -> dict[str, Any]:
     doc = {
         "schema": SCHEMA,
@@ -95,7 +85,7 @@ def to_json_dict(a: Analysis, redact_secrets: bool = True) -> dict[str, Any]:
         doc["ray"] = a.ray
     if a.traces:
         doc["traces"] = a.traces
-    return _redact_tree(doc) if redact_secrets else doc
+    return redact_tree(doc) if redact_secrets else doc
 
 
 def dumps(a: Analysis, redact_secrets: bool = True) -> str:

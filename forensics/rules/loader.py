@@ -14,7 +14,7 @@ import polars as pl
 import regex
 import yaml
 
-from forensics.rules.model import LAYERS, SEVERITIES, TAXONOMY, MatchClause, Rule
+from forensics.rules.model import LAYERS, SEVERITIES, TAXONOMY, USER_REGEX_TIMEOUT_S, MatchClause, Rule
 
 ALLOWED_KEYS = {
     "id",
@@ -237,12 +237,20 @@ class _RuleBuilder:
         return clauses
 
     def check_examples(self, rule: Rule) -> None:
-        for line in rule.examples_match:
-            if not _example_fires(rule, line):
-                self.error("examples", f"match example does not match: {line[:120]!r}")
-        for line in rule.examples_no_match:
-            if _example_fires(rule, line):
-                self.error("examples", f"no_match example matches: {line[:120]!r}")
+        for expected, lines in ((True, rule.examples_match), (False, rule.examples_no_match)):
+            for line in lines:
+                try:
+                    fires = _example_fires(rule, line)
+                except TimeoutError:
+                    self.error(
+                        "examples",
+                        f"matching {line[:120]!r} took over {USER_REGEX_TIMEOUT_S:g} s: the regex backtracks "
+                        "catastrophically (nested quantifiers like (a+)+); rewrite it",
+                    )
+                    continue
+                if fires != expected:
+                    which = "match example does not match" if expected else "no_match example matches"
+                    self.error("examples", f"{which}: {line[:120]!r}")
 
 
 def _example_fires(rule: Rule, example: str) -> bool:
@@ -259,7 +267,8 @@ def _example_fires(rule: Rule, example: str) -> bool:
         if clause.followed_by is None:
             return True
         follow = clause.compiled_followed_by
-        if follow is not None and any(follow.search(x) for x in lines[i + 1 : i + 1 + clause.window]):
+        ahead = lines[i + 1 : i + 1 + clause.window]
+        if follow is not None and any(follow.search(x, timeout=USER_REGEX_TIMEOUT_S) for x in ahead):
             return True
     return False
 

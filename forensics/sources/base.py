@@ -144,17 +144,39 @@ class Sink:
         return len(self._series["metric"])
 
     def events(self) -> pl.DataFrame:
-        return pl.DataFrame(self._events, schema=EVENT_SCHEMA)
+        return _frame(self._events, EVENT_SCHEMA)
 
     @staticmethod
     def merge(sinks: list[Sink]) -> tuple[pl.DataFrame, pl.DataFrame]:
         """The events and series of many sinks, in order, each table built in one conversion."""
-        events = pl.DataFrame([row for sink in sinks for row in sink._events], schema=EVENT_SCHEMA)
+        events = _frame([row for sink in sinks for row in sink._events], EVENT_SCHEMA)
         series = {k: [v for sink in sinks for v in sink._series[k]] for k in SERIES_SCHEMA}
-        return events, pl.DataFrame(series, schema=SERIES_SCHEMA)
+        return events, _frame(series, SERIES_SCHEMA)
 
     def series(self) -> pl.DataFrame:
-        return pl.DataFrame(self._series, schema=SERIES_SCHEMA)
+        return _frame(self._series, SERIES_SCHEMA)
+
+
+def _frame(data: Any, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """The table, with lone surrogates replaced when a reader let one through (Arrow holds UTF-8 only).
+
+    JSON decodes `"\\ud800"` and pickles decode `surrogatepass` bytes into such strings; checking at
+    the end costs nothing on the normal path.
+    """
+    try:
+        return pl.DataFrame(data, schema=schema)
+    except UnicodeEncodeError:
+        return pl.DataFrame(_without_surrogates(data), schema=schema)
+
+
+def _without_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, list):
+        return [_without_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _without_surrogates(v) for k, v in value.items()}
+    return value
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from forensics.sources.base import FileResult, FileSource, Sink
 from forensics.textio import open_binary
 
 MAX_BYTES = 4 * 1024 * 1024
+MAX_LINE_CHARS = 4096
 KEY_VALUE = re.compile(r"^(?P<key>[A-Za-z][\w ./()-]*?):\s*(?P<value>.*?)\s*$")
 GPU_LINE = re.compile(r"^GPU (?P<index>\d+): (?P<model>.+?)(?: \(UUID: [^)]*\))?\s*$")
 PIP_LINE = re.compile(r"^\[(?:pip3?|uv)\] (?P<name>[\w.-]+)==(?P<version>\S+)")
@@ -56,6 +57,8 @@ def parse_collect_env(text: str) -> dict[str, object]:
     gpus: dict[int, str] = {}
     for raw in text.splitlines():
         line = raw.strip()
+        if len(line) > MAX_LINE_CHARS:
+            continue  # no fact is that long; KEY_VALUE's `.*?\s*$` is quadratic in a line's runs of spaces
         m = GPU_LINE.match(line) or GPU_LINE.match(line.removeprefix("GPU models and configuration:").strip())
         if m:
             gpus.setdefault(int(m["index"]), m["model"])

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from forensics.safe_pickle import UnsafePickle, loads_plain
+from forensics.safe_pickle import MAX_PICKLE_BYTES, UnsafePickle, loads_plain
 from forensics.sources.base import FileResult, FileSource, Sink
 from forensics.textio import open_binary
 
@@ -49,7 +49,7 @@ def _entry_summary(entry: dict[str, Any]) -> dict[str, Any]:
 def _read(path: Path, rel: str, sink: Sink) -> FileResult:
     result = FileResult()
     with open_binary(path) as fh:
-        data = fh.read()
+        data = fh.read(MAX_PICKLE_BYTES + 1)  # loads_plain refuses anything larger: never hold more in memory
     try:
         dump = loads_plain(data)
     except UnsafePickle as exc:

@@ -66,8 +66,12 @@ def _sniff(name: str, head: bytes) -> bool:
 
 
 def connect_read_only(path: Path) -> sqlite3.Connection:
-    """Read-only and URI-escaped: nothing is ever created beside the export."""
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+    """Read-only, immutable and URI-escaped: nothing is ever created beside the export.
+
+    `mode=ro` alone still creates `-wal` and `-shm` files beside a WAL-mode database; `immutable=1`
+    tells SQLite the file cannot change, so it takes no locks and writes nothing.
+    """
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True, check_same_thread=False)
     conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
     return conn
 

@@ -17,6 +17,7 @@ from forensics.sources.base import FileResult, FileSource, Sink
 from forensics.textio import open_binary
 
 MAX_BYTES = 64 * 1024 * 1024
+MAX_LINE_CHARS = 4096
 BANNER = b"NVSMI LOG"
 ENTRY = re.compile(r"^(?P<indent>\s*)(?P<key>[^:]+?)\s*:\s*(?P<value>.*?)\s*$")
 GPU_BLOCK = re.compile(r"^GPU (?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s*$")
@@ -40,8 +41,8 @@ def parse_tree(text: str) -> tuple[dict[str, str], list[dict[str, str]]]:
     current: dict[str, str] | None = None
     stack: list[tuple[int, str]] = []  # (indent, section name)
     for raw in text.splitlines():
-        if not raw.strip() or BANNER.decode() in raw:
-            continue
+        if not raw.strip() or BANNER.decode() in raw or len(raw) > MAX_LINE_CHARS:
+            continue  # no entry is that long; ENTRY's lazy key is quadratic in a line's runs of spaces
         block = GPU_BLOCK.match(raw.strip())
         if block and not raw.startswith(" "):
             current = {"Bus Id": block["bus"]}

@@ -32,6 +32,7 @@ MAX_WRAPPED_LINES = 32
 CONFIG_ROOTS = frozenset({"actor_rollout_ref", "data", "trainer", "algorithm", "critic", "reward_model"})
 MAX_CONFIG_LINES = 4000
 MAX_CONFIG_CHARS = 2_000_000
+MAX_RECORD_BYTES = 64 * 1024**2  # a longer "line" of the file logger is read in pieces, each a bad record
 
 
 def parse_value(raw: str) -> float | None:
@@ -216,7 +217,7 @@ def _read_jsonl(path: Path, rel: str, sink: Sink) -> FileResult:
     result = FileResult()
     bad = 0
     with open_binary(path) as fh:
-        for number, raw in enumerate(fh, start=1):
+        for number, raw in enumerate(iter(lambda: fh.readline(MAX_RECORD_BYTES), b""), start=1):
             result.lines = number
             try:
                 row = json.loads(raw)

@@ -1,0 +1,140 @@
+"""Markup in logs stays text in the report: evidence lines, metric names, file names, config values, plot labels.
+
+A run folder is planted with script tags, `</script>`, event handlers and `javascript:` links where real
+runs carry text, the report is rendered, and the page is parsed: the only scripts are the report's own
+three, no element carries an event handler or a javascript: link, every payload is there as text, and
+the page's CSP lets only the loader script (by hash) run.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from forensics.analyze import analyze
+from forensics.report.html import render_html, script_safe_json
+from tests.conftest import REPO
+
+SCRIPT = '<script>document.body.dataset.pwned="script"</script>'
+CLOSE = '</script><script>document.body.dataset.pwned="close"</script>'
+HANDLER = "<img src=x onerror=document.body.dataset.pwned=1>"
+LINK = "<a href=\"javascript:document.body.dataset.pwned='link'\">open</a>"
+COMMENT = "<!--<script>"
+SVG = "<svg onload=alert(1)>"
+REPORT_SCRIPTS = {"figure-data", "plotly-gz", None}  # the data, the plotly bundle, the loader
+
+
+class _Page(HTMLParser):
+    """Tags, attributes, text and script bodies of a page, as a browser's tokenizer sees them."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+        self.scripts: list[tuple[str | None, str]] = []
+        self._in_script: str | bool | None = False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag == "script":
+            self._in_script = dict(attrs).get("id")
+            self.scripts.append((self._in_script, ""))
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._in_script = False
+
+    def handle_data(self, data):
+        if self._in_script is not False:
+            sid, body = self.scripts[-1]
+            self.scripts[-1] = (sid, body + data)
+        else:
+            self.text.append(data)
+
+
+@pytest.fixture(scope="module")
+def hostile_page(tmp_path_factory) -> tuple[str, _Page]:
+    run = tmp_path_factory.mktemp("xss") / f"run{SVG}"
+    shutil.copytree(REPO / "examples" / "oom_then_timeout", run)
+    driver = run / "driver.log"
+    text = driver.read_text(encoding="utf-8")
+    oom = next(line for line in text.splitlines() if "torch.OutOfMemoryError" in line)
+    planted = f"{oom} {SCRIPT} {CLOSE} {HANDLER} {LINK} {COMMENT}\nstep:1 - {HANDLER}:0.5 - {SCRIPT}:1\n"
+    driver.write_text(text.replace(oom + "\n", planted, 1), encoding="utf-8")
+    driver.rename(driver.with_name(f"driver{HANDLER}.log"))  # the root cause's file: in the timeline's hover text
+    a = analyze([run])
+    a.config = {"trainer.project_name": CLOSE, f"data.{SCRIPT}": LINK}
+    a.environment = {"hostname": HANDLER}
+    page = render_html(a)
+    parser = _Page()
+    parser.feed(page)
+    parser.close()
+    return page, parser
+
+
+def test_only_the_reports_own_scripts_exist(hostile_page):
+    _, page = hostile_page
+    assert [sid for sid, _ in page.scripts] == ["figure-data", "plotly-gz", None]
+    assert {tag for tag, _ in page.tags} <= {
+        *("html", "head", "meta", "title", "style", "body", "header", "main", "footer", "section", "div", "span"),
+        *("h1", "h2", "h3", "p", "dl", "dt", "dd", "pre", "code", "table", "tr", "th", "td", "ul", "li"),
+        *("details", "summary", "strong", "script"),
+    }
+
+
+def test_no_element_has_an_event_handler_or_a_javascript_link(hostile_page):
+    _, page = hostile_page
+    for tag, attrs in page.tags:
+        assert not [name for name in attrs if name.startswith("on")], tag
+        assert not any("javascript:" in (value or "").lower() for value in attrs.values()), tag
+
+
+def test_every_payload_is_shown_as_text(hostile_page):
+    _, page = hostile_page
+    shown = "".join(page.text)
+    evidence = f"{SCRIPT} {CLOSE} {HANDLER} {LINK} {COMMENT}"
+    assert evidence in shown  # the evidence line, as written in the log
+    assert f"driver{HANDLER}.log" in shown  # the file name
+    assert f"run{SVG}" in shown  # the run folder's name
+    assert CLOSE in shown and LINK in shown and HANDLER in shown  # config and environment values
+
+
+def test_plot_data_cannot_close_its_script_and_plot_labels_are_text(hostile_page):
+    raw, page = hostile_page
+    data = dict(page.scripts)["figure-data"]
+    assert "</script" not in data.lower() and "<!--" not in data
+    figures = json.loads(data)
+    hover = [t for fig in figures for trace in fig["json"]["data"] for t in trace.get("text") or []]
+    # plotly reads a subset of HTML in labels; entities make it show the file name as written
+    assert any("driver&lt;img src=x onerror=document.body.dataset.pwned=1&gt;.log" in t for t in hover)
+    assert not any("<img" in t for t in hover)
+    assert raw.count("<script") == 3
+
+
+def test_csp_runs_only_the_loader_by_its_hash(hostile_page):
+    _, page = hostile_page
+    csp = next(attrs["content"] for tag, attrs in page.tags if attrs.get("http-equiv") == "Content-Security-Policy")
+    script_src = next(d for d in csp.split(";") if d.strip().startswith("script-src")).split()[1:]
+    loader = next(body for sid, body in page.scripts if sid is None)
+    digest = base64.b64encode(hashlib.sha256(loader.encode()).digest()).decode()
+    assert script_src == [f"'sha256-{digest}'", "'unsafe-eval'"]
+    assert "default-src 'none'" in csp
+
+
+def test_script_safe_json_round_trips_every_dangerous_string():
+    values = [SCRIPT, CLOSE, COMMENT, "</SCRIPT >", "\u2028\u2029", "a & b < c > d", "]]>"]
+    text = str(script_safe_json(values))
+    assert "<" not in text and ">" not in text and "&" not in text
+    assert json.loads(text) == values
+
+
+def test_the_plotly_loader_is_the_file_the_hash_is_made_from():
+    loader = (REPO / "reports" / "templates" / "plotly_loader.js").read_text(encoding="utf-8")
+    assert "DecompressionStream" in loader and "plotsReady" in loader
+    assert Path(REPO / "reports" / "templates" / "incident.html.j2").read_text().count("<script>") == 1
