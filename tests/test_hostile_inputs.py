@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import dataclasses
 import gzip
 import json
 import lzma
@@ -27,8 +28,10 @@ import forensics.analyze as analyze_module
 from forensics import textio
 from forensics.analyze import analyze, load_rule_set
 from forensics.cli import main
+from forensics.report.figures import figures
 from forensics.report.html import MAX_FILE_ROWS, render_html
-from forensics.report.json_report import to_json_dict
+from forensics.report.json_report import dumps, to_json_dict
+from forensics.report.markdown import render_markdown
 from forensics.run import discover, quiet_small_files
 from forensics.scan import TextScanner
 from forensics.sources import line_extractors
@@ -494,3 +497,15 @@ def test_a_corrupt_nsys_export_is_a_warning(tmp_path):
     assert _oom_evidence(doc) == [("driver.log", 1)]
     damaged = [w for w in doc["warnings"] if w.startswith("profile.nsys.sqlite: ")]
     assert damaged and all(w.endswith("could not be read: database disk image is malformed") for w in damaged)
+
+
+def test_a_finding_without_evidence_lines_still_renders_everywhere():
+    """A detector can find something in the series without citing a line (the fuzzer met one in mutated data)."""
+    a = analyze([REPO / "examples" / "oom_then_timeout"])
+    timed = next(f for f in a.findings if f.ts is not None)
+    a.findings.append(dataclasses.replace(timed, rule="memory-growth", evidence=[], count=1))
+    page = render_html(a)
+    assert "<td>memory-growth</td>" in page
+    hover = [t for _, fig in figures(a) for trace in fig.data for t in (trace.text or ())]
+    assert "memory-growth ×1" in hover
+    assert render_markdown(to_json_dict(a)) and dumps(a)

@@ -295,9 +295,8 @@ def _torchrun_note(events: pl.DataFrame, root: Finding) -> str:
 
 
 def _step_of(root: Finding, step_marks: list[tuple[str, int, int]]) -> int | None:
-    same_file = [
-        step for file, line, step in step_marks if file == root.evidence[0].file and line < root.evidence[0].line
-    ]
+    first = root.evidence[0] if root.evidence else None  # a detector's finding may carry no line
+    same_file = [step for file, line, step in step_marks if first and file == first.file and line < first.line]
     if same_file:
         return max(same_file) + 1
     if step_marks:

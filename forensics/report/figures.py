@@ -159,6 +159,11 @@ def _symbol(is_root: bool, inferred: bool) -> str:
     return ("star" if is_root else "circle") + ("-open" if inferred else "")
 
 
+def _hover(f: Finding) -> str:
+    where = f"<br>{f.evidence[0].file}:{f.evidence[0].line}" if f.evidence else ""  # a detector may cite no line
+    return f"{f.rule} ×{f.count}{where}"
+
+
 def timeline_figure(a: Analysis) -> go.Figure | None:
     """Findings across ranks in time: the first domino stands out on the left."""
     points = [f for f in a.findings if f.ts is not None]
@@ -179,7 +184,7 @@ def timeline_figure(a: Analysis) -> go.Figure | None:
                     "color": CLASS_COLOURS.get(cls),
                     "symbol": [_symbol(f is root, f.ts_inferred) for f in group],
                 },
-                text=[f"{f.rule} ×{f.count}<br>{f.evidence[0].file}:{f.evidence[0].line}" for f in group],
+                text=[_hover(f) for f in group],
                 hovertemplate="%{x}<br>%{y}<br>%{text}<extra>" + cls + "</extra>",
             )
         )
