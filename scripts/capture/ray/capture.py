@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Capture REAL Ray session logs from small verl-shaped jobs with injected faults.
 
-    python scripts/capture/ray/capture.py [scenario ...] [--out /work/captures/ray]
+    python scripts/capture/ray/capture.py [scenario ...] [--out ~/forensics-captures/ray]
 
 Needs: ray[default] (captured with 2.60.0), psutil, hydra-core, tqdm; e.g. a venv:
     python -m venv /root/venvs/ray-capture
@@ -400,7 +400,7 @@ def run_scenario(scenario, out_root):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("scenarios", nargs="*", default=SCENARIOS)
-    ap.add_argument("--out", default="/work/captures/ray")
+    ap.add_argument("--out", default=os.path.expanduser("~/forensics-captures/ray"))
     args = ap.parse_args()
     os.makedirs(TMP_ROOT, exist_ok=True)
     for s in args.scenarios:

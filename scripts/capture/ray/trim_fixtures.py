@@ -23,8 +23,8 @@ KEEP = re.compile(
 RECORD = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [TDIWEC] \d+ \d+\] ")
 DUMP_HEAD = re.compile(r"(?:Event stats:|Gcs Debug state:|\[state-dump\] NodeManager:)\s*$")
 PATHS = [
-    (re.compile(r"/work/captures/ray/[\w-]+/"), "/home/user/run/"),
-    (re.compile(r"/work/main/"), "/home/user/verl/"),
+    (re.compile(r"/[\w.-]+(?:/[\w.-]+)*?/captures/ray/[\w-]+/"), "/home/user/run/"),
+    (re.compile(r"/\w+/main/(?=scripts/)"), "/home/user/verl/"),
     (re.compile(r"/root/venvs/[\w-]+/"), "/home/user/.venv/"),
     (re.compile(r"/root/"), "/home/user/"),
 ]
