@@ -59,6 +59,20 @@ def _write(path: str, text: str, inputs: list[Path]) -> None:
     out.write_text(text, encoding="utf-8")
 
 
+def rule_and_redaction_options(command):
+    """The options every analysing command shares: rule overlays and secret redaction."""
+    command = click.option(
+        "--no-redact", is_flag=True, help="Show secrets found in the logs instead of redacting them."
+    )(command)
+    return click.option(
+        "--patterns",
+        "pattern_dirs",
+        multiple=True,
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        help="A folder of extra rules; overlays the bundled rules by id. Repeatable.",
+    )(command)
+
+
 @click.group()
 @click.version_option(__version__, prog_name="forensics")
 def main() -> None:
@@ -72,14 +86,7 @@ def main() -> None:
 @click.option("--no-html", is_flag=True, help="Do not write the HTML report.")
 @click.option("--md", "md_out", metavar="FILE|-", help="Write a ticket-sized Markdown summary.")
 @click.option("--fail-on", type=SEVERITY_CHOICES, help="Exit 1 when a finding is at or above this severity.")
-@click.option(
-    "--patterns",
-    "pattern_dirs",
-    multiple=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="A folder of extra rules; overlays the bundled rules by id. Repeatable.",
-)
-@click.option("--no-redact", is_flag=True, help="Show secrets found in the logs instead of redacting them.")
+@rule_and_redaction_options
 @click.option("--jobs", type=int, default=0, show_default="one per CPU", help="Files read in parallel.")
 @click.option("--profile", is_flag=True, help="Print the time spent in each stage.")
 @click.option("-q", "--quiet", is_flag=True, help="No terminal summary.")
@@ -173,14 +180,7 @@ def check_cmd(paths: tuple[Path, ...], as_json: bool) -> None:
 @click.option("--address", help="Ray cluster address for --engine ray; without it a local Ray is started.")
 @click.option("--paths-are-runs", is_flag=True, help="Take each PATH as one run, never as a folder of runs.")
 @click.option("--force", is_flag=True, help="Analyse every run again, even those unchanged since the last batch.")
-@click.option(
-    "--patterns",
-    "pattern_dirs",
-    multiple=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="A folder of extra rules; overlays the bundled rules by id. Repeatable.",
-)
-@click.option("--no-redact", is_flag=True, help="Show secrets found in the logs instead of redacting them.")
+@rule_and_redaction_options
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 def batch_cmd(
     paths: tuple[str, ...],
@@ -239,14 +239,7 @@ def batch_cmd(
 @click.option("--json", "json_out", metavar="FILE|-", help="Write the comparison as JSON (schema forensics.diff/v1).")
 @click.option("-o", "--output", metavar="FILE", help="HTML report path [default: ./<A>-vs-<B>.forensics-diff.html].")
 @click.option("--no-html", is_flag=True, help="Do not write the HTML report.")
-@click.option(
-    "--patterns",
-    "pattern_dirs",
-    multiple=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="A folder of extra rules; overlays the bundled rules by id. Repeatable.",
-)
-@click.option("--no-redact", is_flag=True, help="Show secrets found in the logs instead of redacting them.")
+@rule_and_redaction_options
 @click.option("-q", "--quiet", is_flag=True, help="No terminal summary.")
 def diff_cmd(
     run_a: Path,
