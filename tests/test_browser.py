@@ -1,4 +1,4 @@
-"""The reports in a real browser: Chromium opens each offline (incident, diff, batch), draws every plot, logs nothing.
+"""The reports in a real browser: Chromium opens each offline (incident and batch), draws every plot, logs nothing.
 
 Chromium prints every console message (errors, CSP violations, a script that threw) as a `CONSOLE` line
 with `--enable-logging=stderr`; `--dump-dom` gives the page after its scripts ran, where the loader sets
@@ -73,15 +73,8 @@ def _incident(run_of) -> Callable[[Path], Path]:
     return render
 
 
-def _diff(tmp_path: Path) -> Path:
-    page = tmp_path / "diff.html"
-    runs = [str(FIXTURES / "healthy"), str(FIXTURES / "leak_oom")]
-    result = CliRunner().invoke(main, ["diff", *runs, "-o", str(page), "-q"])
-    assert result.exit_code == 0, result.output
-    return page
-
-
 def _batch(tmp_path: Path) -> Path:
+    """The batch report; the diff report is built from the same partials (style with the CSP, plotly loader)."""
     runs = [str(FIXTURES / name) for name in ("sigkill", "leak_oom")]
     result = CliRunner().invoke(main, ["batch", *runs, "--out", str(tmp_path / "fleet"), "--jobs", "1", "-q"])
     assert result.exit_code == 0, result.output
@@ -92,7 +85,6 @@ REPORTS = {
     "oom_then_timeout": _incident(lambda tmp_path: REPO / "examples" / "oom_then_timeout"),
     "planted_markup": _incident(_planted_run),
     "no_plots": _incident(_no_plot_run),
-    "diff": _diff,
     "batch": _batch,
 }
 

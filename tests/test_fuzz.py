@@ -20,7 +20,7 @@ SEED = 20261130
 
 def test_mutated_runs_never_crash_hang_leak_or_write(tmp_path):
     keep = REPO / "tests" / "artifacts" / "fuzz"
-    budget = ["--count", str(COUNT), "--seed", str(SEED), "--workers", "2", "--timeout", "10", "--html-every", "25"]
+    budget = ["--count", str(COUNT), "--seed", str(SEED), "--workers", "2", "--timeout", "10", "--html-every", "50"]
     out = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "fuzz.py"), *budget, "--keep", str(keep)],
         capture_output=True,
