@@ -79,41 +79,31 @@ def _frac_us(frac: str | None) -> int:
     return int((frac or "0")[:6].ljust(6, "0"))
 
 
+def _from_match(m, year: int) -> datetime | None:
+    try:
+        return datetime(
+            year,
+            int(m["mo"]),
+            int(m["d"]),
+            int(m["h"]),
+            int(m["mi"]),
+            int(m["s"]),
+            _frac_us(m["frac"]),
+            tzinfo=timezone.utc,
+        )
+    except ValueError:
+        return None
+
+
 def parse_timestamp(text: str, default_year: int | None = None) -> datetime | None:
     """The first timestamp in `text`, read as UTC; month-day forms take `default_year`."""
     m = ISO_TS.search(text)
     if m:
-        try:
-            return datetime(
-                int(m["y"]),
-                int(m["mo"]),
-                int(m["d"]),
-                int(m["h"]),
-                int(m["mi"]),
-                int(m["s"]),
-                _frac_us(m["frac"]),
-                tzinfo=timezone.utc,
-            )
-        except ValueError:
-            return None
+        return _from_match(m, int(m["y"]))
     if default_year is None:
         return None
     m = MONTHDAY_TS.search(text)
-    if m:
-        try:
-            return datetime(
-                default_year,
-                int(m["mo"]),
-                int(m["d"]),
-                int(m["h"]),
-                int(m["mi"]),
-                int(m["s"]),
-                _frac_us(m["frac"]),
-                tzinfo=timezone.utc,
-            )
-        except ValueError:
-            return None
-    return None
+    return _from_match(m, default_year) if m else None
 
 
 def _c10_timestamp(mmdd: str, hms: str, year: int | None) -> datetime | None:

@@ -16,6 +16,7 @@ import polars as pl
 from forensics.fingerprint import root_fingerprint
 from forensics.model import Analysis, Finding
 from forensics.redact import redact_tree
+from forensics.report.figures import TRAINING_METRICS
 
 SCHEMA = "forensics.diff/v1"
 MAX_POINTS = 60
@@ -55,18 +56,7 @@ KEY_NUMBERS = (
     ),
     KeyNumber("host_memory_gb", "host memory", "GiB", "lower", (("perf/cpu_memory_used_gb", "max", 1.0),)),
 )
-COMPARED_METRICS = (
-    "actor/pg_loss",
-    "actor/loss",
-    "critic/vf_loss",
-    "actor/kl_loss",
-    "actor/entropy",
-    "actor/grad_norm",
-    "critic/score/mean",
-    "critic/rewards/mean",
-    "response_length/mean",
-    "actor/ppo_kl",
-)
+COMPARED_METRICS = tuple(m for m in TRAINING_METRICS if m != "actor/pg_clipfrac")  # the curves the report plots
 FAILURE_NAMES = {
     "cuda_oom": "the OOM",
     "host_oom": "the host OOM",
