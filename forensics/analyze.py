@@ -78,7 +78,7 @@ def analyze(
     timings["rules"] = time.perf_counter() - t1
 
     t1 = time.perf_counter()
-    quiet = quiet_small_files(run.files, scanner.searches)
+    quiet = quiet_small_files(run.files, scanner.may_match)
     results = {f.rel: _read_one(f, scanner, quiet_lines=quiet[f.rel]) for f in run.files if f.rel in quiet}
     jobs = options.jobs or os.cpu_count() or 1
     ordered = sorted((f for f in run.files if f.rel not in quiet), key=lambda f: -f.bytes)  # big files first

@@ -14,9 +14,22 @@ syntax Python cannot parse) the pattern has no prefilter and is searched in full
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from forensics.textio import LineBatch
+
+try:  # the field's multi-literal matcher; no wheel for every platform (Linux aarch64), where polars searches
+    import hyperscan
+except ImportError:  # pragma: no cover - depends on the platform
+    hyperscan = None
 
 try:  # Python 3.11+
     from re import _constants as sre
@@ -31,6 +44,10 @@ MAX_CLASS = 8  # a character class of at most this many characters counts as exa
 # third of the speed. Two SIMD searches of half the literals each beat one Aho-Corasick; more do not.
 SIMD_LITERALS = 64
 RUST_META = set("\\.+*?()|[]{}^$#&-~")
+# The literals each candidate line holds are found in Rust in one call (Aho-Corasick, ~0.7 ms to build)
+# when the candidates are more than this many line-literal tests (~60 ns each in Python) would cost.
+LITERAL_TESTS_IN_PYTHON_MAX = 12_000
+ENGINE_VARIABLE = "FORENSICS_LITERAL_ENGINE"  # hyperscan, polars, or unset for hyperscan where installed
 
 
 @dataclass(frozen=True)
@@ -212,3 +229,162 @@ def literal_searches(sets: list[Literals]) -> list[str]:
     if folded:
         searches.append("(?i)" + "|".join(rust_literal(s) for s in _without_superstrings(folded, fold=True)))
     return searches
+
+
+LiteralKey = tuple[str, bool]  # (text, case-insensitive): lower-cased when case-insensitive
+
+
+class LiteralFinder:
+    """Finds the lines of a batch that hold any of the literals, and which literals each holds."""
+
+    def __init__(self, literals: list[LiteralKey]):
+        self.literals = literals
+
+    def lines_holding(self, batch: LineBatch) -> dict[int, list[int]]:
+        """Index into batch.lines of each owned line holding a literal -> the indexes of those literals."""
+        raise NotImplementedError
+
+    def any_in(self, texts: list[bytes]) -> list[bool]:
+        """For each text, whether it holds any literal (a whole file at once: no line is needed)."""
+        raise NotImplementedError
+
+
+class PolarsLiteralFinder(LiteralFinder):
+    """The literal searches in polars' Rust regex engine, over the batch's string column.
+
+    Which literals a candidate line holds is found again, in one Aho-Corasick call over the candidates
+    when they are many, else by substring tests in Python.
+    """
+
+    def __init__(self, literals: list[LiteralKey]):
+        super().__init__(literals)
+        self.searches = literal_searches([Literals(frozenset({text}), icase) for text, icase in literals])
+        self._plain = [i for i, (_, icase) in enumerate(literals) if not icase]
+        self._folded = [i for i, (_, icase) in enumerate(literals) if icase]
+        self._python_lookup_max = LITERAL_TESTS_IN_PYTHON_MAX // max(1, len(self._plain))
+
+    def lines_holding(self, batch: LineBatch) -> dict[int, list[int]]:
+        lines = owned_lines(batch)
+        if not self.searches or lines.len() == 0:
+            return {}
+        rows = np.flatnonzero(_any_contains(lines, self.searches))
+        if len(rows) == 0:
+            return {}
+        plain_found: list[list[str]] | None = None
+        if len(rows) > self._python_lookup_max and self._plain:
+            plain_texts = [self.literals[i][0] for i in self._plain]
+            plain_found = lines.gather(rows).str.extract_many(plain_texts, overlapping=True).to_list()
+        index = {self.literals[i][0]: i for i in self._plain}
+        held: dict[int, list[int]] = {}
+        for n, row in enumerate((rows + batch.own_start).tolist()):
+            text = batch.text(row)
+            if plain_found is not None:
+                ids = sorted({index[s] for s in plain_found[n]})
+            else:
+                ids = [i for i in self._plain if self.literals[i][0] in text]
+            if self._folded:
+                lowered = text.lower()
+                ids += [i for i in self._folded if self.literals[i][0] in lowered]
+            if ids:
+                held[row] = ids
+        return held
+
+    def any_in(self, texts: list[bytes]) -> list[bool]:
+        if not self.searches:
+            return [False] * len(texts)
+        column = pl.Series("t", [t.decode("utf-8", "replace") for t in texts], dtype=pl.String)
+        return _any_contains(column, self.searches).tolist()
+
+
+class HyperscanLiteralFinder(LiteralFinder):
+    """The literals in one Hyperscan database, searched over the batch's bytes (SIMD, several GB/s).
+
+    Hyperscan reports each literal where it ends, so the lines and the literals they hold come from the
+    same pass. Case-insensitive literals fold ASCII case only (the rules' own regexes fold Unicode, so a
+    line whose match needs Unicode folding, like the Kelvin sign for "k", is missed: no rule needs one).
+    """
+
+    def __init__(self, literals: list[LiteralKey]):
+        super().__init__(literals)
+        self._database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        self._database.compile(
+            expressions=[text.encode("utf-8") for text, _ in literals],
+            ids=list(range(len(literals))),
+            elements=len(literals),
+            flags=[hyperscan.HS_FLAG_CASELESS if icase else 0 for _, icase in literals],
+            literal=True,
+        )
+        self._local = threading.local()  # a scan needs scratch space of its own in each thread
+
+    def _scratch(self):
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = hyperscan.Scratch(self._database)
+        return scratch
+
+    def lines_holding(self, batch: LineBatch) -> dict[int, list[int]]:
+        data, starts = batch_bytes(batch)
+        begin, end = int(starts[batch.own_start]), int(starts[batch.own_end])
+        found: list[tuple[int, int]] = []
+        self._database.scan(
+            data[begin:end],
+            match_event_handler=lambda literal, _start, stop, _flags, _ctx: found.append((stop, literal)),
+            scratch=self._scratch(),
+        )
+        if not found:
+            return {}
+        stops = np.fromiter((stop for stop, _ in found), dtype=np.int64, count=len(found)) + (begin - 1)
+        rows = np.searchsorted(starts, stops, side="right") - 1  # the line holding each match's last byte
+        held: dict[int, set[int]] = {}
+        for row, (_, literal) in zip(rows.tolist(), found, strict=True):
+            held.setdefault(row, set()).add(literal)
+        return {row: sorted(ids) for row, ids in held.items()}
+
+    def any_in(self, texts: list[bytes]) -> list[bool]:
+        return [self._holds_any(text) for text in texts]
+
+    def _holds_any(self, text: bytes) -> bool:
+        try:
+            self._database.scan(text, match_event_handler=lambda *_: True, scratch=self._scratch())
+        except hyperscan.ScanTerminated:  # the handler stopped the scan at the first literal
+            return True
+        return False
+
+
+def literal_finder(literals: Iterable[LiteralKey]) -> LiteralFinder:
+    """Hyperscan where it is installed (or asked for in FORENSICS_LITERAL_ENGINE), else polars."""
+    ordered = sorted(set(literals))
+    engine = os.environ.get(ENGINE_VARIABLE, "hyperscan" if hyperscan is not None else "polars")
+    if engine == "hyperscan" and hyperscan is not None and ordered:
+        try:
+            return HyperscanLiteralFinder(ordered)
+        except hyperscan.error:  # a literal the compiler refuses: the slower engine reads it all the same
+            pass
+    return PolarsLiteralFinder(ordered)
+
+
+def owned_lines(batch: LineBatch) -> pl.Series:
+    """The lines of the batch that it owns (not the context shared with a neighbour)."""
+    if batch.own_start or batch.own_end != batch.lines.len():
+        return batch.lines.slice(batch.own_start, batch.own_end - batch.own_start)
+    return batch.lines
+
+
+def batch_bytes(batch: LineBatch) -> tuple[np.ndarray, np.ndarray]:
+    """The bytes of the batch's lines and where each line starts (plus the end), built when not kept."""
+    if batch.data is not None and batch.offsets is not None:
+        return batch.data, batch.offsets
+    encoded = [(line or "").encode("utf-8") for line in batch.lines.to_list()]
+    starts = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(e) for e in encoded], out=starts[1:])
+    return np.frombuffer(b"".join(encoded), dtype=np.uint8), starts
+
+
+def _any_contains(column: pl.Series, searches: list[str]) -> np.ndarray:
+    """A mask of the strings that any of the regexes matches."""
+    if len(searches) == 1:
+        return column.str.contains(searches[0]).to_numpy()
+    found = pl.DataFrame({"line": column}).select(
+        pl.any_horizontal([pl.col("line").str.contains(s) for s in searches])
+    )
+    return found.to_series().to_numpy()

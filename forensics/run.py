@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import polars as pl
 
 from forensics.sources import file_sources
 from forensics.sources.base import FileSource
@@ -225,13 +224,12 @@ def _line_count(data: bytes) -> int:
     return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
 
 
-def quiet_small_files(files: list[RunFile], searches: list[str]) -> dict[str, int]:
+def quiet_small_files(files: list[RunFile], may_match: Callable[[list[bytes]], list[bool]]) -> dict[str, int]:
     """Line counts of the small plain text logs in which none of the scanner's candidate searches matches.
 
     Scanning has a fixed cost of about a millisecond a file, which dominates a run of 100,000 tiny task
-    logs. The same searches over the whole contents of many files at once (a search can only match more of
-    a whole file than of its lines one by one, so no candidate is missed) find the few worth scanning;
-    the others need no scan at all.
+    logs. `may_match` (the scanner's literal search over whole files, batched) finds the few worth
+    scanning; the others need no scan at all.
     """
     quiet: dict[str, int] = {}
     batch: list[tuple[str, bytes]] = []
@@ -249,15 +247,12 @@ def quiet_small_files(files: list[RunFile], searches: list[str]) -> dict[str, in
         batch.append((rf.rel, data))
         size += len(data)
         if size > QUIET_CHECK_BATCH_BYTES:
-            quiet.update(_quiet(batch, searches))
+            quiet.update(_quiet(batch, may_match))
             batch, size = [], 0
-    quiet.update(_quiet(batch, searches))
+    quiet.update(_quiet(batch, may_match))
     return quiet
 
 
-def _quiet(batch: list[tuple[str, bytes]], searches: list[str]) -> dict[str, int]:
-    if not batch or not searches:
-        return {rel: _line_count(data) for rel, data in batch}
-    texts = pl.DataFrame({"t": [data.decode("utf-8", "replace") for _, data in batch]}, schema={"t": pl.String})
-    hits = texts.select(pl.any_horizontal([pl.col("t").str.contains(s) for s in searches])).to_series().to_list()
+def _quiet(batch: list[tuple[str, bytes]], may_match: Callable[[list[bytes]], list[bool]]) -> dict[str, int]:
+    hits = may_match([data for _, data in batch]) if batch else []
     return {rel: _line_count(data) for (rel, data), hit in zip(batch, hits, strict=True) if not hit}

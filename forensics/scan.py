@@ -17,21 +17,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 import regex
 
 from forensics.attribution import FileContext, attribute, file_context
-from forensics.prefilter import Literals, literal_searches, required_literals
+from forensics.prefilter import Literals, literal_finder, owned_lines, required_literals
 from forensics.rules.model import USER_REGEX_TIMEOUT_S, Rule
 from forensics.sources.base import Hit, LineExtractor, LineRecord, Sink
 from forensics.textio import LineBatch, ReadLimitExceeded, iter_line_batches, open_binary, prefetched, read_problem
 
 _NAMED_GROUP = re.compile(r"(?<!\\)\(\?P<\w+>")
 MAX_HITS_PER_FILE = 200_000  # a flood of matches stops being read, with a warning
-# The literals each candidate line holds are found in Rust in one call (Aho-Corasick, ~0.7 ms to build)
-# when the candidates are more than this many line-literal tests (~60 ns each in Python) would cost.
-LITERAL_TESTS_IN_PYTHON_MAX = 12_000
 LOOKBACK_LINES = 64  # how far above an undated error its time is looked for (a long traceback fits)
 RULE_TIME_BUDGET_S = 10.0  # Python time one rule may spend on its candidate lines before it is switched off
 
@@ -88,19 +84,17 @@ class TextScanner:
             patterns.extend(_pattern(c.regex, rule=rule) for c in rule.match)
         self.patterns = patterns
         self.rules = rules
-        self.searches = literal_searches([p.literals for p in patterns if p.literals is not None])
-        unfiltered = [f"(?:{p.rust})" for p in patterns if p.literals is None]
-        if unfiltered:
-            self.searches.append("(?m)" + "|".join(unfiltered))
-        # literal -> indexes of the patterns that need it; patterns without literals are tried on every candidate
-        self._plain: dict[str, list[int]] = {}
-        self._folded: dict[str, list[int]] = {}
+        keys = {(s, p.literals.icase) for p in patterns if p.literals is not None for s in p.literals.strings}
+        self.finder = literal_finder(keys)
+        # literal -> indexes of the patterns that need it; patterns without literals are tried on every line
+        # their alternation matches, and on every candidate
+        needed_by: dict[tuple[str, bool], list[int]] = {}
         for i, p in enumerate(patterns):
             for s in p.literals.strings if p.literals else ():
-                (self._folded if p.literals.icase else self._plain).setdefault(s, []).append(i)
-        self._plain_list = list(self._plain)
+                needed_by.setdefault((s, p.literals.icase), []).append(i)
+        self._patterns_of = [needed_by[key] for key in self.finder.literals]
         self._always = [i for i, p in enumerate(patterns) if p.literals is None]
-        self._python_lookup_max = LITERAL_TESTS_IN_PYTHON_MAX // max(1, len(self._plain_list))
+        self.unfiltered = "(?m)" + "|".join(f"(?:{patterns[i].rust})" for i in self._always) if self._always else None
         self._rule_seconds: dict[str, float] = {}
         self.disabled: dict[str, tuple[str, str]] = {}  # rule id -> (file that tripped it, warning)
 
@@ -137,52 +131,34 @@ class TextScanner:
 
     def hits(self, batch: LineBatch, rel: str = "") -> Iterator[tuple[int, str, list[_Pattern]]]:
         """(index into batch.lines, text, matching patterns) of each owned line that some pattern matches."""
-        lines = batch.lines
-        if batch.own_start or batch.own_end != lines.len():
-            lines = lines.slice(batch.own_start, batch.own_end - batch.own_start)
-        if lines.len() == 0:
+        if batch.own_end <= batch.own_start:
             return
-        rows = np.flatnonzero(self._candidates(lines))
-        if len(rows) == 0:
-            return
-        found: list[list[str]] | list[None] = [None] * len(rows)
-        if len(rows) > self._python_lookup_max and self._plain_list:
-            found = lines.gather(rows).str.extract_many(self._plain_list, overlapping=True).to_list()
-        for pos, present in zip((rows + batch.own_start).tolist(), found, strict=True):
+        held = self.finder.lines_holding(batch)
+        if self.unfiltered is not None:
+            rows = owned_lines(batch).str.contains(self.unfiltered).arg_true() + batch.own_start
+            for row in rows.to_list():
+                held.setdefault(row, [])
+        for pos in sorted(held):
             text = batch.text(pos)
-            patterns = self.patterns_matching(text, present, (rel, batch.line_number(pos)))
+            tried = set(self._always).union(*(self._patterns_of[literal] for literal in held[pos]))
+            patterns = self._matching(text, tried, (rel, batch.line_number(pos)))
             if patterns:
                 yield pos, text, patterns
 
-    def _candidates(self, lines: pl.Series) -> np.ndarray:
-        """A mask of the lines that may match some pattern: the literal searches, in Rust."""
-        if not self.searches:
-            return np.zeros(lines.len(), dtype=bool)
-        if len(self.searches) == 1:
-            return lines.str.contains(self.searches[0]).to_numpy()
-        found = pl.DataFrame({"line": lines}).select(
-            pl.any_horizontal([pl.col("line").str.contains(s) for s in self.searches])
-        )
-        return found.to_series().to_numpy()
+    def may_match(self, texts: list[bytes]) -> list[bool]:
+        """For each whole text, whether any pattern may match a line of it (False: none can).
 
-    def patterns_matching(
-        self, line: str, present: list[str] | None = None, where: tuple[str, int] = ("", 0)
-    ) -> list[_Pattern]:
-        """The patterns that match one line, in registration order (extractors before rules).
-
-        `present`: the plain literals the line holds, when already found in Rust. `where` (file, line)
-        names the line in the warning when a rule's regex times out on it and is switched off.
+        A search can only match more of a whole text than of its lines one by one, so none is missed.
         """
-        tried = set(self._always)
-        if present is None:
-            present = [s for s in self._plain_list if s in line]
-        for s in present:
-            tried.update(self._plain[s])
-        if self._folded:
-            lowered = line.lower()
-            for s, indexes in self._folded.items():
-                if s in lowered:
-                    tried.update(indexes)
+        found = self.finder.any_in(texts)
+        if self.unfiltered is None or not texts:
+            return found
+        column = pl.Series("t", [t.decode("utf-8", "replace") for t in texts], dtype=pl.String)
+        return [a or b for a, b in zip(found, column.str.contains(self.unfiltered).to_list(), strict=True)]
+
+    def _matching(self, line: str, tried: set[int], where: tuple[str, int]) -> list[_Pattern]:
+        """The patterns among `tried` that match the line; `where` (file, line) names the line in the
+        warning when a rule's regex times out on it and is switched off."""
         return [self.patterns[i] for i in sorted(tried) if self._try(self.patterns[i], line, where)]
 
     def _try(self, pattern: _Pattern, line: str, where: tuple[str, int]) -> bool:

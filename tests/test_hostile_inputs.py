@@ -428,13 +428,13 @@ def test_undecodable_file_names_and_lone_surrogates_reach_every_output(tmp_path)
 
 def test_skipping_small_files_that_match_nothing_changes_no_result(monkeypatch):
     """quiet_small_files only saves time: runs of many small files give the same result with and without it."""
-    searches = TextScanner(load_rule_set([]), line_extractors()).searches
+    may_match = TextScanner(load_rule_set([]), line_extractors()).may_match
     fixtures = [REPO / "tests" / "fixtures" / "runs" / name for name in ("healthy", "sigkill", "ray_worker_sigkill")]
     skipped = 0
     for run in [*fixtures, REPO / "examples" / "oom_then_timeout"]:
-        skipped += len(quiet_small_files(discover([run]).files, searches))
+        skipped += len(quiet_small_files(discover([run]).files, may_match))
         with_skip = to_json_dict(analyze([run]))
-        monkeypatch.setattr(analyze_module, "quiet_small_files", lambda files, searches: {})
+        monkeypatch.setattr(analyze_module, "quiet_small_files", lambda files, may_match: {})
         without = to_json_dict(analyze([run]))
         monkeypatch.undo()
         assert with_skip == without, run.name

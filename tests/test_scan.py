@@ -7,6 +7,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from forensics import prefilter
 from forensics import scan as scan_module
 from forensics.analyze import load_rule_set
 from forensics.scan import LOOKBACK_LINES, TextScanner
@@ -41,10 +42,20 @@ def _brute_force(scanner: TextScanner, data: bytes) -> set[tuple[int, int]]:
     return found
 
 
-@pytest.mark.parametrize("python_tests_max", [0, 10**9])  # literals found in Rust, or in Python
-def test_prefilter_and_dispatch_find_what_every_pattern_finds_on_real_logs(corpus, monkeypatch, python_tests_max):
-    monkeypatch.setattr(scan_module, "LITERAL_TESTS_IN_PYTHON_MAX", python_tests_max)
+@pytest.fixture(params=["hyperscan", "polars"])
+def engine(request, monkeypatch) -> str:
+    """Each literal engine in turn (hyperscan only where its wheel installs)."""
+    if request.param == "hyperscan" and prefilter.hyperscan is None:
+        pytest.skip("hyperscan is not installed on this platform")
+    monkeypatch.setenv(prefilter.ENGINE_VARIABLE, request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("python_tests_max", [0, 10**9])  # polars: literals found in Rust, or in Python
+def test_prefilter_and_dispatch_find_what_every_pattern_finds_on_real_logs(corpus, monkeypatch, engine, python_tests_max):
+    monkeypatch.setattr(prefilter, "LITERAL_TESTS_IN_PYTHON_MAX", python_tests_max)
     scanner = _scanner()
+    assert type(scanner.finder).__name__.lower().startswith(engine)
     data = b"".join(p.read_bytes() for p in sorted((corpus / "cases").glob("*.log")))
     expected = _brute_force(scanner, data)
     assert len(expected) > 40
@@ -52,7 +63,7 @@ def test_prefilter_and_dispatch_find_what_every_pattern_finds_on_real_logs(corpu
         assert _dispatched(scanner, data, chunk) == expected
 
 
-def test_user_rules_without_literals_or_case_insensitive_still_match(tmp_path):
+def test_user_rules_without_literals_or_case_insensitive_still_match(tmp_path, engine):
     area = tmp_path / "site"
     area.mkdir()
     rule = """\
@@ -82,9 +93,9 @@ examples:
     assert by_rule == {"slow-step": {3}, "nccl-stall": {4}}
 
 
-def test_many_candidates_are_told_apart_by_literals_found_in_rust_without_losing_hits():
+def test_many_candidates_are_told_apart_by_literals_found_in_rust_without_losing_hits(engine):
     scanner = _scanner()
-    noise = [f"WARNING no Error here {i}, just a word" for i in range(3 * scanner._python_lookup_max)]
+    noise = [f"WARNING no Error here {i}, just a word" for i in range(3 * prefilter.LITERAL_TESTS_IN_PYTHON_MAX)]
     hits = ["ValueError: bad value", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
     half = len(noise) // 2
     data = ("\n".join(noise[:half] + hits[:1] + noise[half:] + hits[1:]) + "\n").encode()
@@ -155,3 +166,16 @@ def test_a_time_further_up_than_the_lookback_is_not_borrowed(tmp_path):
 
 def _events_with_rule(events: pl.DataFrame, rule_id: str) -> pl.DataFrame:
     return events.filter(pl.col("fields").str.contains(f'"{rule_id}"', literal=True))
+
+
+def test_whole_files_that_may_match_are_told_from_those_that_cannot(tmp_path, engine):
+    area = tmp_path / "site"
+    area.mkdir()
+    (area / "slow-step.yaml").write_text(
+        "id: slow-step\ntitle: t\nclass: hang\nseverity: warning\nlayer: script\ndescription: d\n"
+        "match:\n  - regex: '^\\d{5,}$'\nexamples:\n  match: ['12345']\n  no_match: ['12']\n"
+    )
+    scanner = _scanner(area)
+    assert scanner.unfiltered is not None  # a rule with no literal: its own regex is searched
+    texts = [b"all is well\n12\n", b"ok\n123456\nok\n", b"x\n[rank1] double-BIT ECC error\n", b""]
+    assert scanner.may_match(texts) == [False, True, True, False]
