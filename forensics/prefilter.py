@@ -384,7 +384,5 @@ def _any_contains(column: pl.Series, searches: list[str]) -> np.ndarray:
     """A mask of the strings that any of the regexes matches."""
     if len(searches) == 1:
         return column.str.contains(searches[0]).to_numpy()
-    found = pl.DataFrame({"line": column}).select(
-        pl.any_horizontal([pl.col("line").str.contains(s) for s in searches])
-    )
+    found = pl.DataFrame({"line": column}).select(pl.any_horizontal([pl.col("line").str.contains(s) for s in searches]))
     return found.to_series().to_numpy()

@@ -52,7 +52,9 @@ def engine(request, monkeypatch) -> str:
 
 
 @pytest.mark.parametrize("python_tests_max", [0, 10**9])  # polars: literals found in Rust, or in Python
-def test_prefilter_and_dispatch_find_what_every_pattern_finds_on_real_logs(corpus, monkeypatch, engine, python_tests_max):
+def test_prefilter_and_dispatch_find_what_every_pattern_finds_on_real_logs(
+    corpus, monkeypatch, engine, python_tests_max
+):
     monkeypatch.setattr(prefilter, "LITERAL_TESTS_IN_PYTHON_MAX", python_tests_max)
     scanner = _scanner()
     assert type(scanner.finder).__name__.lower().startswith(engine)
