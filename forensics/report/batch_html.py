@@ -29,7 +29,7 @@ HEATMAP_COLOURS = [
     [1, "#d92d20"],
 ]
 STATUS_ORDER = {"error": 0, "failed": 1, "degraded": 2, "healthy": 3}
-_LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 60}}
+_LAYOUT = {"template": {}, "margin": {"l": 60, "r": 20, "t": 40, "b": 60}}
 
 
 def _when() -> pl.Expr:

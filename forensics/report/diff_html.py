@@ -14,7 +14,7 @@ from forensics.report.html import figure_json, plotly_js_gz_b64, template_enviro
 
 MAX_SERIES_FIGURES = 6
 SIDE_STYLE = {"A": {"dash": "dot", "color": "#b42318"}, "B": {"dash": "solid", "color": "#175cd3"}}
-_LAYOUT = {"template": "plotly_white", "height": 300, "margin": {"l": 60, "r": 20, "t": 40, "b": 40}}
+_LAYOUT = {"template": {}, "height": 300, "margin": {"l": 60, "r": 20, "t": 40, "b": 40}}
 
 
 def overlay_figure(a: Analysis, b: Analysis, metric: str, title: str) -> go.Figure | None:

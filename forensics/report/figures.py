@@ -33,7 +33,7 @@ CLASS_COLOURS = {
     "cuda_error": "#9467bd",
     "training_instability": "#17becf",
 }
-_LAYOUT = {"template": "plotly_white", "height": 320, "margin": {"l": 60, "r": 20, "t": 40, "b": 40}}
+_LAYOUT = {"template": {}, "height": 320, "margin": {"l": 60, "r": 20, "t": 40, "b": 40}}
 
 
 def _by_step(series: pl.DataFrame, metrics: tuple[str, ...]) -> pl.DataFrame:

@@ -14,7 +14,7 @@ BREAKDOWN = (
     ("memory", "#2ca02c"),
     ("idle", "#c7c7c7"),
 )
-_LAYOUT = {"template": "plotly_white", "height": 340, "margin": {"l": 60, "r": 20, "t": 40, "b": 60}}
+_LAYOUT = {"template": {}, "height": 340, "margin": {"l": 60, "r": 20, "t": 40, "b": 60}}
 
 
 def _scale(device: dict[str, Any], basis: str) -> float:

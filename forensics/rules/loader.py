@@ -56,7 +56,7 @@ class RuleLoadError(Exception):
         super().__init__("\n".join(str(e) for e in errors))
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser where PyYAML has it
     """Safe YAML that rejects duplicate keys and remembers where each key was written."""
 
 
@@ -70,7 +70,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
                 None, None, f"duplicate key {key!r} (first on line {seen[key]})", key_node.start_mark
             )
         seen[key] = line
-    mapping = yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+    mapping = yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
     mapping["__lines__"] = seen
     return mapping
 
@@ -85,6 +85,15 @@ def _rust_regex_error(pattern: str) -> str | None:
     except Exception as exc:  # polars raises ComputeError with the engine's message
         return str(exc).splitlines()[0]
     return None
+
+
+def _rust_regex_errors(patterns: list[str]) -> list[str | None]:
+    """`_rust_regex_error` of each pattern: one polars call when the engine accepts them all."""
+    try:
+        pl.select(pl.lit("").str.contains(p).alias(str(i)) for i, p in enumerate(patterns))
+    except Exception:  # one is refused: find which, one by one
+        return [_rust_regex_error(p) for p in patterns]
+    return [None] * len(patterns)
 
 
 def _as_str_list(value: Any) -> list[str] | None:
@@ -104,11 +113,13 @@ class _RuleBuilder:
         self.lines: dict[str, int] = data.pop("__lines__", {})
         self.errors: list[RuleError] = []
         self.rule_id = str(data.get("id", ""))
+        self.rust_pending: list[tuple[str, str]] = []  # (key, regex) still to check in the Rust engine
 
     def error(self, key: str, message: str) -> None:
         self.errors.append(RuleError(self.path, self.lines.get(key, 1), key, message, self.rule_id))
 
     def check_regex(self, key: str, pattern: Any) -> str | None:
+        """The pattern when Python's engine accepts it; the Rust engine's check follows in `check_rust`."""
         if not isinstance(pattern, str) or not pattern:
             self.error(key, "must be a non-empty regex string")
             return None
@@ -117,11 +128,17 @@ class _RuleBuilder:
         except regex.error as exc:
             self.error(key, f"bad regex {pattern!r}: {exc}")
             return None
-        rust = _rust_regex_error(pattern)
-        if rust:
-            self.error(key, f"regex {pattern!r} is not accepted by the vectorised engine: {rust}")
-            return None
+        self.rust_pending.append((key, pattern))
         return pattern
+
+    def check_rust(self) -> None:
+        """Every regex that Python accepted, through the Rust engine too (in one call)."""
+        for (key, pattern), rust in zip(
+            self.rust_pending, _rust_regex_errors([p for _, p in self.rust_pending]), strict=True
+        ):
+            if rust:
+                self.error(key, f"regex {pattern!r} is not accepted by the vectorised engine: {rust}")
+        self.rust_pending = []
 
     def build(self) -> Rule | None:
         d = self.data
@@ -187,6 +204,7 @@ class _RuleBuilder:
         if not isinstance(window, int) or not 0 <= window <= 50:
             self.error("extract_window", "must be an integer from 0 to 50")
             window = 0
+        self.check_rust()
         if self.errors:
             return None
         rule = Rule(
@@ -237,30 +255,40 @@ class _RuleBuilder:
         return clauses
 
     def check_examples(self, rule: Rule) -> None:
-        for expected, lines in ((True, rule.examples_match), (False, rule.examples_no_match)):
-            for line in lines:
-                try:
-                    fires = _example_fires(rule, line)
-                except TimeoutError:
-                    self.error(
-                        "examples",
-                        f"matching {line[:120]!r} took over {USER_REGEX_TIMEOUT_S:g} s: the regex backtracks "
-                        "catastrophically (nested quantifiers like (a+)+); rewrite it",
-                    )
-                    continue
-                if fires != expected:
-                    which = "match example does not match" if expected else "no_match example matches"
-                    self.error("examples", f"{which}: {line[:120]!r}")
+        examples = [(True, line) for line in rule.examples_match] + [(False, line) for line in rule.examples_no_match]
+        rust = _rust_hits(rule, [line for _, example in examples for line in example.split("\n")])
+        for expected, example in examples:
+            try:
+                fires = _example_fires(rule, example, rust)
+            except TimeoutError:
+                self.error(
+                    "examples",
+                    f"matching {example[:120]!r} took over {USER_REGEX_TIMEOUT_S:g} s: the regex backtracks "
+                    "catastrophically (nested quantifiers like (a+)+); rewrite it",
+                )
+                continue
+            if fires != expected:
+                which = "match example does not match" if expected else "no_match example matches"
+                self.error("examples", f"{which}: {example[:120]!r}")
 
 
-def _example_fires(rule: Rule, example: str) -> bool:
-    """Whether a (possibly multi-line) example fires the rule, in both regex engines alike."""
+def _rust_hits(rule: Rule, lines: list[str]) -> dict[str, bool]:
+    """For each line, whether any of the rule's regexes matches it in the Rust engine (one polars call)."""
+    distinct = list(dict.fromkeys(lines))
+    column = pl.DataFrame({"line": distinct}, schema={"line": pl.String})
+    found = column.select(pl.any_horizontal(pl.col("line").str.contains(f"(?m){c.regex}") for c in rule.match))
+    return dict(zip(distinct, found.to_series().to_list(), strict=True))
+
+
+def _example_fires(rule: Rule, example: str, rust: dict[str, bool]) -> bool:
+    """Whether a (possibly multi-line) example fires the rule, in both regex engines alike.
+
+    `rust`: each line's result in the Rust engine, from `_rust_hits`.
+    """
     lines = example.split("\n")
-    series = pl.Series(lines)
     for i, line in enumerate(lines):
         clause = rule.matches(line)
-        rust_hit = any(bool(series.slice(i, 1).str.contains(f"(?m){c.regex}")[0]) for c in rule.match)
-        if (clause is not None) != rust_hit:
+        if (clause is not None) != rust[line]:
             return False  # the two engines disagree: treat as a failing example
         if clause is None:
             continue
