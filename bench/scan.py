@@ -5,7 +5,10 @@
 
 On the same text files, in one run, each timed `--repeat` times (median), page cache warm:
 
-- forensics: `analyze()` called in-process (discovery, scanning, enrichment, diagnosis; no HTML);
+- forensics CLI: `forensics analyze RUN -o report.html --json report.json -q` in a fresh process, as a user
+  runs it (start-up, rule loading, every stage, the HTML and JSON reports): the ratios against grep;
+- forensics in-process: `analyze()` (discovery, scanning, enrichment, diagnosis; no report), for the
+  time of each stage;
 - grep: `LC_ALL=C grep -c -E` with one alternation of every rule regex and extractor trigger, converted
   to POSIX ERE (the constructs that have no ERE form are listed, and the closest form is used);
 - Python loop: every line of every file through every pattern with the `re` module, as one would write it.
@@ -269,25 +272,36 @@ def run_in_process(fn, timing: Timing):
     return result
 
 
-def run_grep(ere: str, files: list[Path], timing: Timing) -> int:
-    """`grep -c` over every file; counts the matching lines, and times grep with its own rusage."""
+def run_child(argv: list[str], timing: Timing, env: dict[str, str], ok_codes: tuple[int, ...] = (0,)) -> bytes:
+    """Run a command, adding its wall and CPU time (its own rusage) to `timing`; returns its stdout."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            ["grep", "-a", "-c", "-E", "-e", ere, "--", *map(str, files)],
-            env={**os.environ, "LC_ALL": "C"},
-            stdout=out,
-            stderr=err,
-        )
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err)
         _, status, usage = os.wait4(proc.pid, 0)
         timing.wall.append(time.perf_counter() - t0)
         timing.cpu.append(usage.ru_utime + usage.ru_stime)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode > 1:
+        if os.waitstatus_to_exitcode(status) not in ok_codes:
             err.seek(0)
-            raise RuntimeError(f"grep failed: {err.read().decode().strip()}")
+            raise RuntimeError(f"{argv[0]} failed: {err.read().decode(errors='replace').strip()[-2000:]}")
         out.seek(0)
-        return sum(int(line.rsplit(b":", 1)[-1]) for line in out.read().splitlines())
+        return out.read()
+
+
+def run_grep(ere: str, files: list[Path], timing: Timing) -> int:
+    """`grep -c` over every file; counts the matching lines."""
+    argv = ["grep", "-a", "-c", "-E", "-e", ere, "--", *map(str, files)]
+    out = run_child(argv, timing, {**os.environ, "LC_ALL": "C"}, ok_codes=(0, 1))
+    return sum(int(line.rsplit(b":", 1)[-1]) for line in out.splitlines())
+
+
+def run_cli(run_dir: Path, overlays: list[Path], timing: Timing) -> dict:
+    """`forensics analyze` in a fresh process, writing both reports; returns the JSON report."""
+    with tempfile.TemporaryDirectory() as out:
+        argv = [sys.executable, "-m", "forensics.cli", "analyze", str(run_dir), "-q"]
+        argv += ["-o", f"{out}/report.html", "--json", f"{out}/report.json"]
+        argv += [arg for folder in overlays for arg in ("--patterns", str(folder))]
+        run_child(argv, timing, {**os.environ, "PYTHONPATH": str(REPO)})
+        return json.loads(Path(out, "report.json").read_text(encoding="utf-8"))
 
 
 def run_python_loop(compiled: list[re.Pattern], files: list[Path]) -> int:
@@ -355,6 +369,11 @@ def verdict_check(run_dir: Path, analysis) -> str:
     return f"verdict: {got}; injected: {truth['class']} on rank {truth['rank']} -> {'RIGHT' if ok else 'WRONG'}"
 
 
+def report_verdict(report: dict) -> str:
+    root = report["verdict"].get("root_cause")
+    return f"verdict: {root['class']} on rank {root['rank']}" if root else "verdict: healthy"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path)
@@ -379,16 +398,22 @@ def main(argv: list[str] | None = None) -> int:
 
     subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
 
-    # interleaved, so that both see the same load on a shared machine
-    grep, fx = Timing("grep -c -E (LC_ALL=C)"), Timing("forensics analyze")
+    # interleaved, so that all see the same load on a shared machine
+    grep, cli, fx = Timing("grep -c -E (LC_ALL=C)"), Timing("forensics analyze (CLI)"), Timing("analyze() in-process")
     for _ in range(args.repeat):
         grep_lines = run_grep(ere, files, grep)
+        report = run_cli(args.run_dir, args.patterns, cli)
         analysis = run_in_process(lambda: run_forensics(args.run_dir, args.patterns), fx)
     print(grep.line(f"matching lines {grep_lines}"))
+    print(cli.line(f"findings {len(report['findings'])}, HTML and JSON reports written"))
+    print(
+        f"  forensics CLI / grep    = {cli.median / grep.median:5.2f}x wall   (goal <= 1.5x);"
+        f"  {cli.median_cpu / grep.median_cpu:5.2f}x CPU"
+    )
     print(fx.line(f"events {analysis.events.height}"))
     print(f"  stages (last run): {', '.join(f'{k} {v:.2f} s' for k, v in analysis.timings.items())}")
     print(
-        f"  forensics / grep        = {fx.median / grep.median:5.2f}x wall   (goal <= 1.5x);"
+        f"  in-process / grep       = {fx.median / grep.median:5.2f}x wall;"
         f"  {fx.median_cpu / grep.median_cpu:5.2f}x CPU"
     )
     if not args.skip_python:
@@ -403,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"  throughput: forensics {size / fx.median / 2**20:.0f} MiB/s, grep {size / grep.median / 2**20:.0f} MiB/s")
     print(verdict_check(args.run_dir, analysis))
+    print(f"  CLI report {report_verdict(report)}")
     print(f"  load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
     measured = []

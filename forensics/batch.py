@@ -41,7 +41,7 @@ from forensics.model import Analysis, severity_rank
 from forensics.redact import redact_tree
 from forensics.report.batch_html import render_batch_html
 from forensics.report.html import render_html
-from forensics.report.json_report import to_json_dict
+from forensics.report.json_report import format_json, to_json_dict
 from forensics.resources import patterns_dir
 from forensics.rules.loader import rule_files
 
@@ -315,8 +315,8 @@ def analyse_run(spec: RunSpec, settings: Settings) -> RunOutcome:
         doc = to_json_dict(analysis, settings.redact)
         outcome = RunOutcome(
             row=redact_tree(_row(spec, analysis, doc)) if settings.redact else _row(spec, analysis, doc),
-            html=render_html(analysis, settings.redact),
-            json=json.dumps(doc, indent=2, default=str) + "\n",
+            html=render_html(analysis, settings.redact, doc),
+            json=format_json(doc) + "\n",
         )
     except Exception as exc:  # one bad run must not stop the batch
         outcome = RunOutcome(row=error_row(spec, f"{type(exc).__name__}: {exc}"))

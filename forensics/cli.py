@@ -22,7 +22,7 @@ from forensics.report.batch_terminal import print_batch_summary
 from forensics.report.diff_html import render_diff_html
 from forensics.report.diff_terminal import print_diff_summary
 from forensics.report.html import render_html
-from forensics.report.json_report import dumps, to_json_dict
+from forensics.report.json_report import format_json, to_json_dict
 from forensics.report.markdown import render_markdown
 from forensics.report.terminal import print_summary
 from forensics.resources import patterns_dir
@@ -125,9 +125,9 @@ def analyze_cmd(
     doc = to_json_dict(result, redact_secrets)
     console = Console(stderr=json_out == "-" or md_out == "-", highlight=False)
     if report_path:
-        _write(report_path, render_html(result, redact_secrets), inputs)
+        _write(report_path, render_html(result, redact_secrets, doc), inputs)
     if json_out:
-        _write(json_out, dumps(result, redact_secrets) + "\n", inputs)
+        _write(json_out, format_json(doc) + "\n", inputs)
     if md_out:
         _write(md_out, render_markdown(doc), inputs)
     if not quiet:
@@ -266,7 +266,7 @@ def diff_cmd(
         report_path = output or f"{a.run_name}-vs-{b.run_name}.forensics-diff.html"
         _write(report_path, render_diff_html(a, b, doc), inputs)
     if json_out:
-        _write(json_out, json.dumps(doc, indent=2, default=str) + "\n", inputs)
+        _write(json_out, format_json(doc) + "\n", inputs)
     if not quiet:
         print_diff_summary(doc, Console(stderr=json_out == "-", highlight=False), report_path)
 

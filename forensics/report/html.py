@@ -116,8 +116,9 @@ def _files_shown(files: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return telling[:MAX_FILE_ROWS]
 
 
-def render_html(a: Analysis, redact_secrets: bool = True) -> str:
-    doc = to_json_dict(a, redact_secrets)
+def render_html(a: Analysis, redact_secrets: bool = True, doc: dict[str, Any] | None = None) -> str:
+    """The incident report page. `doc`: `to_json_dict(a, redact_secrets)` when the caller made it already."""
+    doc = doc if doc is not None else to_json_dict(a, redact_secrets)
     figs = [{"id": name, "json": figure_json(fig, redact_secrets)} for name, fig in figures(a)]
     shown = _files_shown(doc["run"]["files"])
     template = template_environment().get_template("incident.html.j2")

@@ -89,4 +89,9 @@ def to_json_dict(a: Analysis, redact_secrets: bool = True) -> dict[str, Any]:
 
 
 def dumps(a: Analysis, redact_secrets: bool = True) -> str:
-    return json.dumps(to_json_dict(a, redact_secrets), indent=2, default=str)
+    return format_json(to_json_dict(a, redact_secrets))
+
+
+def format_json(doc: dict[str, Any]) -> str:
+    """The JSON report's text, from `to_json_dict`."""
+    return json.dumps(doc, indent=2, default=str)
