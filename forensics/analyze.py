@@ -23,6 +23,7 @@ from forensics.run import SKIPPED, TEXT_LOG, RunFile, discover, quiet_small_file
 from forensics.scan import TextScanner
 from forensics.sources import file_sources, line_extractors
 from forensics.sources.base import FileResult, Sink
+from forensics.textio import return_freed_buffers_to_the_os
 
 
 @dataclass
@@ -67,6 +68,7 @@ def analyze(
 ) -> Analysis:
     """Analyse one run (a folder, a file, or several of them) and return everything learnt."""
     options = options or Options()
+    return_freed_buffers_to_the_os()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     run = discover(paths)

@@ -7,6 +7,9 @@ column whose offsets are the newline positions, so matching runs in Rust over th
 from __future__ import annotations
 
 import bz2
+import contextlib
+import ctypes
+import functools
 import gzip
 import io
 import lzma
@@ -34,6 +37,9 @@ MAX_UNIFORM_RUN_BYTES = 16 * 1024**2
 MAX_EXPANSION_RATIO = 500
 RATIO_CHECKED_AFTER_BYTES = 256 * 1024**2
 MAX_LINE_CHARS = 64 * 1024  # what Python reads of one line; a longer one is matched whole in Rust only
+
+NEWLINE_SEARCH_BYTES = 256 * 1024  # newlines are found a cache-sized slice at a time (no chunk-sized mask)
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter (malloc.h)
 
 _MAGIC = {
     b"\x1f\x8b": "gzip",
@@ -174,6 +180,28 @@ def read_head(path: Path, size: int = 4096) -> bytes:
         return b""
 
 
+@functools.cache
+def return_freed_buffers_to_the_os() -> None:
+    """Have glibc map every allocation of 1 MiB or more on its own, so that a freed chunk buffer goes back
+    to the OS.
+
+    By default glibc raises its mmap threshold to the size of the largest block freed (up to 32 MiB), after
+    which every 16 MiB chunk comes from the heap of the thread that read it and stays there when freed:
+    peak memory then grows with the number of chunks read (measured: 330 MiB at 4 GiB of logs, 241 MiB
+    at 1 GiB; with the threshold fixed, 243 and 230 MiB). No effect elsewhere than glibc.
+    """
+    with contextlib.suppress(AttributeError, OSError):  # not glibc (macOS): nothing to do
+        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, 1024 * 1024)
+
+
+def find_newlines(data: np.ndarray) -> np.ndarray:
+    """The positions of the newlines in `data`."""
+    step = NEWLINE_SEARCH_BYTES
+    if len(data) <= step:
+        return np.flatnonzero(data == NEWLINE)
+    return np.concatenate([np.flatnonzero(data[i : i + step] == NEWLINE) + i for i in range(0, len(data), step)])
+
+
 @dataclass
 class LineBatch:
     """A run of consecutive lines of one file.
@@ -229,7 +257,7 @@ def _as_lines(body: np.ndarray, newlines: np.ndarray) -> tuple[pl.Series, np.nda
     except pa.ArrowInvalid:
         fixed = bytes(body).decode("utf-8", "replace").encode("utf-8")
         body = np.frombuffer(fixed, dtype=np.uint8)
-        array, offsets = _line_array(body, _line_ends(body, np.flatnonzero(body == NEWLINE)))
+        array, offsets = _line_array(body, _line_ends(body, find_newlines(body)))
     return pl.Series("line", array), body, offsets
 
 
@@ -271,7 +299,7 @@ def iter_line_batches(stream: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> Itera
         data = buf[: len(carry) + got]
         if len(data) == 0:
             return
-        newlines = np.flatnonzero(data == NEWLINE)
+        newlines = find_newlines(data)
         if final:
             cut = len(data)
         elif len(newlines):

@@ -6,6 +6,7 @@ import io
 import lzma
 import threading
 
+import numpy as np
 import pytest
 
 from forensics import textio
@@ -113,3 +114,11 @@ def test_invalid_utf8_across_batch_edges_keeps_every_line_and_number():
         assert _own_lines(data, chunk) == expected
         batches = list(iter_line_batches(io.BytesIO(data), chunk_bytes=chunk))
         assert all(b.lines[i].rstrip("\n") == b.text(i) for b in batches for i in range(len(b.lines)))
+
+
+def test_newlines_found_slice_by_slice_are_all_the_newlines():
+    rng = np.random.default_rng(3)
+    data = rng.choice(np.array([10, 65, 66], dtype=np.uint8), size=3 * textio.NEWLINE_SEARCH_BYTES + 17)
+    data[textio.NEWLINE_SEARCH_BYTES - 1 : textio.NEWLINE_SEARCH_BYTES + 1] = 10  # on both sides of a slice edge
+    assert np.array_equal(textio.find_newlines(data), np.flatnonzero(data == 10))
+    assert len(textio.find_newlines(data[:0])) == 0
