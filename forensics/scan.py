@@ -24,7 +24,7 @@ from forensics.attribution import FileContext, attribute, file_context
 from forensics.prefilter import Literals, literal_finder, owned_lines, required_literals
 from forensics.rules.model import USER_REGEX_TIMEOUT_S, Rule
 from forensics.sources.base import Hit, LineExtractor, LineRecord, Sink
-from forensics.textio import LineBatch, ReadLimitExceeded, iter_line_batches, open_binary, prefetched, read_problem
+from forensics.textio import LineBatch, iter_line_batches, open_binary, prefetched, read_problem
 
 _NAMED_GROUP = re.compile(r"(?<!\\)\(\?P<\w+>")
 MAX_HITS_PER_FILE = 200_000  # a flood of matches stops being read, with a warning
@@ -122,8 +122,6 @@ class TextScanner:
                 problem = read_problem(stream)
                 if problem:
                     warnings.append(f"{rel}: {problem}; the {lines:,} lines before it were read")
-        except ReadLimitExceeded as exc:
-            warnings.append(f"{rel}: decompressed size limit reached ({exc}); the rest was not read")
         except (OSError, EOFError, ValueError) as exc:
             warnings.append(f"{rel}: read stopped at line {lines}: {type(exc).__name__}: {exc}")
         warnings.extend(message for owner, message in self.disabled.values() if owner == rel)

@@ -28,7 +28,7 @@ import pyarrow as pa
 CHUNK_BYTES = 16 * 1024 * 1024
 NEWLINE = 10
 CONTEXT_LINES = 64  # lines kept on both sides of a batch so multi-line records can be read whole
-MAX_DECOMPRESSED_BYTES = 8 * 1024**3  # a bomb stops here, with a warning
+MAX_DECOMPRESSED_BYTES = 8 * 1024**3  # a compressed file stops here, with a warning (a plain file is read whole)
 # A bomb is stopped sooner. The classic one (GBs of one repeated byte: zeros, newlines) by that run, which no
 # log holds; any other by its expansion: gzip cannot exceed ~1030:1 and real logs stay under ~300:1 (a flood of
 # identical lines); the decoder's read-ahead makes the measured ratio of a gzip bomb ~700:1 at 256 MiB.
@@ -54,10 +54,6 @@ def compression_of(head: bytes) -> str | None:
         if head.startswith(magic):
             return name
     return None
-
-
-class ReadLimitExceeded(Exception):
-    """A compressed input expanded past MAX_DECOMPRESSED_BYTES."""
 
 
 class _ZstdReader(io.RawIOBase):
@@ -123,7 +119,11 @@ class _Decompressed(io.RawIOBase):
             self._run_byte = first
         else:
             self._run_bytes = 0
-        if self._run_bytes > MAX_UNIFORM_RUN_BYTES:
+        if self.decoded > MAX_DECOMPRESSED_BYTES:
+            self.problem = (
+                f"{self.kind} data decompresses past {MAX_DECOMPRESSED_BYTES // 1024**3} GiB; the rest was not read"
+            )
+        elif self._run_bytes > MAX_UNIFORM_RUN_BYTES:
             self.problem = (
                 f"{self.kind} data holds over {MAX_UNIFORM_RUN_BYTES // 2**20} MiB of the byte {first!r} in a row "
                 f"(a decompression bomb, or a zero-filled tail); stopped after {self.decoded // 2**20:,} MiB"
@@ -287,14 +287,10 @@ def iter_line_batches(stream: BinaryIO, chunk_bytes: int = CHUNK_BYTES) -> Itera
     carry = np.empty(0, dtype=np.uint8)  # context lines and the unfinished last line, copied forward
     carry_first_line = 1
     carry_own_from = 0  # lines of the carry already owned by the previous batch
-    total = 0
     while True:
         buf = np.empty(len(carry) + chunk_bytes, dtype=np.uint8)
         buf[: len(carry)] = carry
         got = _fill(stream, memoryview(buf)[len(carry) :])
-        total += got
-        if total > MAX_DECOMPRESSED_BYTES:
-            raise ReadLimitExceeded(f"stopped after {MAX_DECOMPRESSED_BYTES // 1024**3} GiB")
         final = got < chunk_bytes
         data = buf[: len(carry) + got]
         if len(data) == 0:
