@@ -19,11 +19,13 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 CHUNK_BYTES = 16 * 1024 * 1024
 NEWLINE = 10
@@ -231,6 +233,8 @@ class LineBatch:
 
 
 def _line_array(body: np.ndarray, ends: np.ndarray) -> tuple[pa.LargeStringArray, np.ndarray]:
+    import pyarrow as pa  # here, not at the top: a run without text logs never loads Arrow (~25 MiB)
+
     offsets = np.empty(len(ends) + 1, dtype=np.int64)
     offsets[0] = 0
     offsets[1:] = ends
@@ -251,6 +255,8 @@ def _as_lines(body: np.ndarray, newlines: np.ndarray) -> tuple[pl.Series, np.nda
     No byte is copied: the Arrow offsets are the newline positions and the data buffer is `body`.
     Invalid UTF-8, found by Arrow's validation, is replaced (U+FFFD) in a copy of this batch only.
     """
+    import pyarrow as pa
+
     array, offsets = _line_array(body, _line_ends(body, newlines))
     try:
         array.validate(full=True)
