@@ -38,14 +38,14 @@ def load_rule_set(overlays: list[Path]) -> list[Rule]:
 
 
 def _read_one(
-    rf: RunFile, scanner: TextScanner, read_ahead: bool = False, quiet_lines: int | None = None
+    rf: RunFile, scanner: TextScanner | None, read_ahead: bool = False, quiet_lines: int | None = None
 ) -> tuple[Sink, FileReport, FileResult]:
     sink = Sink()
     report = FileReport(rf.rel, rf.kind, rf.bytes, note=rf.note)
     result = FileResult()
     if rf.kind == TEXT_LOG and quiet_lines is not None:
         result.lines = quiet_lines  # nothing in it can match: see quiet_small_files
-    elif rf.kind == TEXT_LOG:
+    elif rf.kind == TEXT_LOG and scanner is not None:
         result.lines, result.warnings = scanner.scan(rf.path, rf.rel, sink, read_ahead=read_ahead)
     elif rf.kind != SKIPPED:
         source = next(s for s in file_sources() if s.kind == rf.kind)
@@ -76,11 +76,12 @@ def analyze(
 
     t1 = time.perf_counter()
     rules = load_rule_set(options.patterns)
-    scanner = TextScanner(rules, line_extractors())
+    # only text logs need the scanner: a run of traces and structured files is spared its compiled searches
+    scanner = TextScanner(rules, line_extractors()) if any(f.kind == TEXT_LOG for f in run.files) else None
     timings["rules"] = time.perf_counter() - t1
 
     t1 = time.perf_counter()
-    quiet = quiet_small_files(run.files, scanner.may_match)
+    quiet = quiet_small_files(run.files, scanner.may_match) if scanner is not None else {}
     results = {f.rel: _read_one(f, scanner, quiet_lines=quiet[f.rel]) for f in run.files if f.rel in quiet}
     jobs = options.jobs or os.cpu_count() or 1
     ordered = sorted((f for f in run.files if f.rel not in quiet), key=lambda f: -f.bytes)  # big files first
