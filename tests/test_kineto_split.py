@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from forensics.sources.kineto import _parse_block, _Split, split_trace_events
+from forensics.sources.kineto import _marker_starts, _parse_block, _Split, split_trace_events
 
 AWKWARD_NAMES = [
     'aten::copy_ "quoted" [1, 2] {x}, y',
@@ -71,3 +71,11 @@ def test_not_a_trace():
     split = _Split()
     assert list(split_trace_events(io.BytesIO(b'{"a": [1, 2, 3]}'), split)) == []
     assert split.warnings == ["no top-level `traceEvents` array"]
+
+
+@pytest.mark.parametrize("pad", range(8))
+def test_markers_are_found_at_every_alignment_and_at_the_very_end(pad: int):
+    region = b" " * pad + b'{"cat": "kernel"}, {"name": "ProfilerStep#12"}, {"cat": "kerne", "x": "Mem"}, "Memset"'
+    starts = _marker_starts(region)
+    assert [region[p : p + 8] for p in starts] == [b'"kernel"', b"Profiler", b'"Memset"']
+    assert starts[0] == pad + 8 and starts[-1] == len(region) - 8
