@@ -24,6 +24,7 @@ import os
 import re
 import threading
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -240,19 +241,19 @@ def literal_searches(sets: list[Literals]) -> list[str]:
 LiteralKey = tuple[str, bool]  # (text, case-insensitive): lower-cased when case-insensitive
 
 
-class LiteralFinder:
+class LiteralFinder(ABC):
     """Finds the lines of a batch that hold any of the literals, and which literals each holds."""
 
     def __init__(self, literals: list[LiteralKey]):
         self.literals = literals
 
+    @abstractmethod
     def lines_holding(self, batch: LineBatch) -> dict[int, list[int]]:
         """Index into batch.lines of each owned line holding a literal -> the indexes of those literals."""
-        raise NotImplementedError
 
+    @abstractmethod
     def any_in(self, texts: list[bytes]) -> list[bool]:
         """For each text, whether it holds any literal (a whole file at once: no line is needed)."""
-        raise NotImplementedError
 
 
 class PolarsLiteralFinder(LiteralFinder):
