@@ -75,9 +75,10 @@ def analyze(
     timings["discover"] = time.perf_counter() - t0
 
     t1 = time.perf_counter()
-    rules = load_rule_set(options.patterns)
-    # only text logs need the scanner: a run of traces and structured files is spared its compiled searches
-    scanner = TextScanner(rules, line_extractors()) if any(f.kind == TEXT_LOG for f in run.files) else None
+    # only text logs need the rules and the scanner: a run of traces and structured files is spared them
+    has_text = any(f.kind == TEXT_LOG for f in run.files)
+    rules = load_rule_set(options.patterns) if has_text else []
+    scanner = TextScanner(rules, line_extractors()) if has_text else None
     timings["rules"] = time.perf_counter() - t1
 
     t1 = time.perf_counter()
