@@ -2,10 +2,10 @@
 
 Per batch of lines, in native code (Hyperscan, or polars' Rust regex): one search for the literals that
 every rule regex and extractor trigger needs (see prefilter.py; a pattern without such literals is searched
-in full, in polars). The few candidate
-lines then go to Python, where the literals each one holds pick the patterns worth trying on it. The
-alternation of all the patterns is never run: past a few dozen patterns its automaton stops fitting the
-regex engine's cache and it slows down a thousandfold, while a literal search stays flat.
+in full, in polars). The few candidate lines then go to Python, where the literals each one holds pick the
+patterns worth trying on it. The alternation of all the patterns is never run: past a few dozen patterns its
+automaton stops fitting the regex engine's cache and it slows down a thousandfold, while a literal search
+stays flat.
 """
 
 from __future__ import annotations

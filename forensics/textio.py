@@ -190,7 +190,8 @@ def return_freed_buffers_to_the_os() -> None:
     By default glibc raises its mmap threshold to the size of the largest block freed (up to 32 MiB), after
     which every 16 MiB chunk comes from the heap of the thread that read it and stays there when freed:
     peak memory then grows with the number of chunks read (measured: 330 MiB at 4 GiB of logs, 241 MiB
-    at 1 GiB; with the threshold fixed, 243 and 230 MiB). No effect elsewhere than glibc.
+    at 1 GiB; with the threshold fixed, 243 and 230 MiB). The setting is process-wide, from the first
+    analysis on; it has no effect elsewhere than glibc.
     """
     with contextlib.suppress(AttributeError, OSError):  # not glibc (macOS): nothing to do
         ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, 1024 * 1024)
