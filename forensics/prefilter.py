@@ -269,6 +269,8 @@ class PolarsLiteralFinder(LiteralFinder):
         self._plain = [i for i, (_, icase) in enumerate(literals) if not icase]
         self._folded = [i for i, (_, icase) in enumerate(literals) if icase]
         self._python_lookup_max = LITERAL_TESTS_IN_PYTHON_MAX // max(1, len(self._plain))
+        self._plain_texts = [literals[i][0] for i in self._plain]
+        self._plain_index = {literals[i][0]: i for i in self._plain}
 
     def lines_holding(self, batch: LineBatch) -> dict[int, list[int]]:
         lines = owned_lines(batch)
@@ -279,14 +281,12 @@ class PolarsLiteralFinder(LiteralFinder):
             return {}
         plain_found: list[list[str]] | None = None
         if len(rows) > self._python_lookup_max and self._plain:
-            plain_texts = [self.literals[i][0] for i in self._plain]
-            plain_found = lines.gather(rows).str.extract_many(plain_texts, overlapping=True).to_list()
-        index = {self.literals[i][0]: i for i in self._plain}
+            plain_found = lines.gather(rows).str.extract_many(self._plain_texts, overlapping=True).to_list()
         held: dict[int, list[int]] = {}
         for n, row in enumerate((rows + batch.own_start).tolist()):
             text = batch.text(row)
             if plain_found is not None:
-                ids = sorted({index[s] for s in plain_found[n]})
+                ids = sorted({self._plain_index[s] for s in plain_found[n]})
             else:
                 ids = [i for i in self._plain if self.literals[i][0] in text]
             if self._folded:
@@ -299,8 +299,7 @@ class PolarsLiteralFinder(LiteralFinder):
     def any_in(self, texts: list[bytes]) -> list[bool]:
         if not self.searches:
             return [False] * len(texts)
-        column = pl.Series("t", [t.decode("utf-8", "replace") for t in texts], dtype=pl.String)
-        return _any_contains(column, self.searches).tolist()
+        return _any_contains(text_column(texts), self.searches).tolist()
 
 
 class HyperscanLiteralFinder(LiteralFinder):
@@ -330,11 +329,11 @@ class HyperscanLiteralFinder(LiteralFinder):
         return scratch
 
     def lines_holding(self, batch: LineBatch) -> dict[int, list[int]]:
-        data, starts = batch_bytes(batch)
+        starts = batch.offsets
         begin, end = int(starts[batch.own_start]), int(starts[batch.own_end])
         found: list[tuple[int, int]] = []
         self._database.scan(
-            data[begin:end],
+            batch.data[begin:end],
             match_event_handler=lambda literal, _start, stop, _flags, _ctx: found.append((stop, literal)),
             scratch=self._scratch(),
         )
@@ -377,14 +376,9 @@ def owned_lines(batch: LineBatch) -> pl.Series:
     return batch.lines
 
 
-def batch_bytes(batch: LineBatch) -> tuple[np.ndarray, np.ndarray]:
-    """The bytes of the batch's lines and where each line starts (plus the end), built when not kept."""
-    if batch.data is not None and batch.offsets is not None:
-        return batch.data, batch.offsets
-    encoded = [(line or "").encode("utf-8") for line in batch.lines.to_list()]
-    starts = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum([len(e) for e in encoded], out=starts[1:])
-    return np.frombuffer(b"".join(encoded), dtype=np.uint8), starts
+def text_column(texts: list[bytes]) -> pl.Series:
+    """Whole texts as one string column (invalid UTF-8 replaced), for a search over each at once."""
+    return pl.Series("t", [t.decode("utf-8", "replace") for t in texts], dtype=pl.String)
 
 
 def _any_contains(column: pl.Series, searches: list[str]) -> np.ndarray:

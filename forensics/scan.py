@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import polars as pl
 import regex
 
 from forensics.attribution import FileContext, attribute, file_context
-from forensics.prefilter import Literals, literal_finder, owned_lines, required_literals
+from forensics.prefilter import Literals, literal_finder, owned_lines, required_literals, text_column
 from forensics.rules.model import USER_REGEX_TIMEOUT_S, Rule
 from forensics.sources.base import Hit, LineExtractor, LineRecord, Sink
 from forensics.textio import LineBatch, iter_line_batches, open_binary, prefetched, read_problem
@@ -152,8 +151,8 @@ class TextScanner:
         found = self.finder.any_in(texts)
         if self.unfiltered is None or not texts:
             return found
-        column = pl.Series("t", [t.decode("utf-8", "replace") for t in texts], dtype=pl.String)
-        return [a or b for a, b in zip(found, column.str.contains(self.unfiltered).to_list(), strict=True)]
+        unfiltered = text_column(texts).str.contains(self.unfiltered).to_list()
+        return [a or b for a, b in zip(found, unfiltered, strict=True)]
 
     def _matching(self, line: str, tried: set[int], where: tuple[str, int]) -> list[_Pattern]:
         """The patterns among `tried` that match the line; `where` (file, line) names the line in the

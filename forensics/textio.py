@@ -218,19 +218,16 @@ class LineBatch:
     lines: pl.Series
     own_start: int
     own_end: int
-    data: np.ndarray | None = None  # the bytes `lines` is built on, and each line's start (reading one line
-    offsets: np.ndarray | None = None  # from them is cheaper than indexing the column)
+    data: np.ndarray  # the bytes `lines` is built on, and each line's start plus the end (reading one line
+    offsets: np.ndarray  # from them is cheaper than indexing the column; the literal search reads the bytes)
 
     def line_number(self, index: int) -> int:
         return self.first_line + index
 
     def text(self, index: int) -> str:
-        if self.data is not None and self.offsets is not None:
-            start = int(self.offsets[index])
-            raw = self.data[start : min(int(self.offsets[index + 1]), start + MAX_LINE_CHARS)].tobytes()
-            return raw.decode("utf-8", "replace").rstrip("\r\n")
-        value = self.lines[index]
-        return value[:MAX_LINE_CHARS].rstrip("\r\n") if value is not None else ""
+        start = int(self.offsets[index])
+        raw = self.data[start : min(int(self.offsets[index + 1]), start + MAX_LINE_CHARS)].tobytes()
+        return raw.decode("utf-8", "replace").rstrip("\r\n")
 
 
 def _line_array(body: np.ndarray, ends: np.ndarray) -> tuple[pa.LargeStringArray, np.ndarray]:
