@@ -18,11 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import forensics.analyze as analyze_module
-from forensics.analyze import analyze
+import forensics.pipeline as analyze_module
+from forensics.discover import discover
+from forensics.pipeline import analyze
 from forensics.report.html import render_html
 from forensics.report.json_report import dumps
-from forensics.run import discover
 
 OOM = "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity"
 

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 from forensics import sources
-from forensics.analyze import analyze
-from forensics.resources import patterns_dir
+from forensics.package_data import patterns_dir
+from forensics.pipeline import analyze
 from forensics.textio import iter_line_batches, open_binary
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,7 +101,7 @@ def read_floor(folder: Path) -> tuple[float, int]:
 
 def without_ray(folder: Path) -> float:
     """Seconds for the analysis with Ray's source modules and rules left out."""
-    import forensics.analyze as analyze_module
+    import forensics.pipeline as analyze_module
 
     saved_modules, saved_patterns = list(sources.MODULES), analyze_module.patterns_dir
     rules = Path(tempfile.mkdtemp(prefix="forensics-rules-")) / "patterns"

@@ -34,8 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from forensics.analyze import Options, analyze, load_rule_set  # noqa: E402
-from forensics.run import TEXT_LOG, discover  # noqa: E402
+from forensics.discover import TEXT_LOG, discover  # noqa: E402
+from forensics.pipeline import Options, analyze, load_rule_set  # noqa: E402
 from forensics.sources import line_extractors  # noqa: E402
 
 CLASS_ESCAPES = {"d": "0-9", "s": "[:space:]", "w": "[:alnum:]_"}
@@ -323,7 +323,7 @@ def run_forensics(run_dir: Path, overlays: list[Path]):
 CHILD = """
 import json, re, sys
 from pathlib import Path
-from forensics.analyze import Options, analyze
+from forensics.pipeline import Options, analyze
 a = analyze([Path(sys.argv[1])], Options(patterns=[Path(p) for p in sys.argv[2:]]))
 r = a.verdict.root_cause
 status = Path("/proc/self/status").read_text()

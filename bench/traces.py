@@ -38,7 +38,7 @@ ID_KEYS = ("External id", "correlation", "Record function id", "Ev Idx")
 FORENSICS_CHILD = """
 import json, resource, sys, time
 from pathlib import Path
-from forensics.analyze import analyze
+from forensics.pipeline import analyze
 def vm_hwm_kib():
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
 t = time.perf_counter()

@@ -35,14 +35,14 @@ from typing import Any
 import polars as pl
 
 from forensics import __version__
-from forensics.analyze import Options, analyze
 from forensics.fingerprint import fingerprint, root_fingerprint, run_hosts
 from forensics.model import Analysis, severity_rank
+from forensics.package_data import patterns_dir
+from forensics.pipeline import Options, analyze
 from forensics.redact import redact_tree
 from forensics.report.batch_html import render_batch_html
 from forensics.report.html import render_html
 from forensics.report.json_report import format_json, to_json_dict
-from forensics.resources import patterns_dir
 from forensics.rules.loader import rule_files
 
 FLEET_FILE = "fleet.parquet"

@@ -14,10 +14,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from forensics import __version__
-from forensics.analyze import Options, analyze
 from forensics.batch import ENGINES, BatchError, Settings, find_runs, run_batch
 from forensics.diff import compare
+from forensics.discover import run_name
 from forensics.model import severity_rank
+from forensics.package_data import patterns_dir
+from forensics.pipeline import Options, analyze
 from forensics.report.batch_terminal import print_batch_summary
 from forensics.report.diff_html import render_diff_html
 from forensics.report.diff_terminal import print_diff_summary
@@ -25,9 +27,7 @@ from forensics.report.html import render_html
 from forensics.report.json_report import format_json, to_json_dict
 from forensics.report.markdown import render_markdown
 from forensics.report.terminal import print_summary
-from forensics.resources import patterns_dir
 from forensics.rules import RuleLoadError, load_rules
-from forensics.run import run_name
 
 SEVERITY_CHOICES = click.Choice(["info", "warning", "error", "critical"])
 

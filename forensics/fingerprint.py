@@ -12,7 +12,7 @@ import hashlib
 import re
 from collections.abc import Iterable
 
-from forensics.attribution import ANSI, RAY_PREFIX, RAY_SYSTEM_PREFIX, TORCHRUN_PREFIX
+from forensics.line_prefixes import ANSI, RAY_PREFIX, RAY_SYSTEM_PREFIX, TORCHRUN_PREFIX
 from forensics.model import Analysis
 from forensics.redact import redact
 

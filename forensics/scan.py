@@ -20,7 +20,7 @@ from pathlib import Path
 
 import regex
 
-from forensics.attribution import FileContext, attribute, file_context
+from forensics.line_prefixes import FileContext, attribute, file_context
 from forensics.prefilter import Literals, literal_finder, owned_lines, required_literals, text_column
 from forensics.rules.model import USER_REGEX_TIMEOUT_S, Rule
 from forensics.sources.base import Hit, LineExtractor, LineRecord, Sink

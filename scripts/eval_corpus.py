@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from forensics.analyze import analyze
 from forensics.model import Verdict
+from forensics.pipeline import analyze
 
 ACCEPTED = {"ray_actor_or_node_died": {"ray_actor_died", "ray_node_died"}}
 

@@ -247,10 +247,10 @@ def _check_outputs(out: Path, html: bool) -> list[str]:
 
 def _worker(conn: Connection) -> None:
     """Serve inputs until told to stop; rules are loaded once (they are not what is fuzzed)."""
-    import forensics.analyze
+    import forensics.pipeline
 
-    rules = forensics.analyze.load_rule_set([])
-    forensics.analyze.load_rule_set = lambda overlays: rules
+    rules = forensics.pipeline.load_rule_set([])
+    forensics.pipeline.load_rule_set = lambda overlays: rules
     while True:
         task = conn.recv()
         if task is None:

@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 from polars.testing import assert_frame_equal
 
-from forensics.analyze import analyze
 from forensics.batch import FLEET_FILE, INDEX_FILE, BatchError, find_runs, run_batch
 from forensics.cli import main
+from forensics.pipeline import analyze
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "diff"
 OOM = FIXTURES / "ray_memory_monitor"

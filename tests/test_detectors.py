@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from forensics.analyses.detectors import add_detector_findings, detect
+from forensics.analyses.dynamics.training import add_detector_findings, detect
 from forensics.model import SERIES_SCHEMA, Evidence, Finding, empty_events
 
 STEPS = 80

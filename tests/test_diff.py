@@ -11,9 +11,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from forensics.analyze import analyze
 from forensics.cli import main
 from forensics.diff import compare, flatten
+from forensics.pipeline import analyze
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "diff"
 GPU_HEALTHY = FIXTURES.parent / "runs" / "healthy"

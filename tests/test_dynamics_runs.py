@@ -10,8 +10,8 @@ from functools import cache
 import pytest
 import yaml
 
-from forensics.analyze import analyze
 from forensics.model import Analysis
+from forensics.pipeline import analyze
 from forensics.report.figures import figures
 from forensics.report.html import render_html
 from tests.conftest import FIXTURES

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from forensics.analyses.evidence import oom_case, parse_oom, renaming, shape_diff
-from forensics.analyze import analyze
+from forensics.pipeline import analyze
 
 CURRENT_OOM = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.15 GiB. GPU 0 has a total capacity of "

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from forensics.analyze import analyze
+from forensics.pipeline import analyze
 from forensics.report.json_report import to_json_dict
 from tests.conftest import FIXTURES
 

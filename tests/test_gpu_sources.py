@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from forensics.analyze import analyze
+from forensics.pipeline import analyze
 from tests.conftest import FIXTURES
 
 GPU = FIXTURES / "gpu"  # dmon.txt: `-s pucvmet` rows as in mozilla/DeepSpeech#178, header repeated;

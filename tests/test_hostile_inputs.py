@@ -24,15 +24,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import forensics.analyze as analyze_module
+import forensics.pipeline as analyze_module
 from forensics import textio
-from forensics.analyze import analyze, load_rule_set
 from forensics.cli import main
+from forensics.discover import discover, quiet_small_files
+from forensics.pipeline import analyze, load_rule_set
 from forensics.report.figures import figures
 from forensics.report.html import MAX_FILE_ROWS, render_html
 from forensics.report.json_report import dumps, to_json_dict
 from forensics.report.markdown import render_markdown
-from forensics.run import discover, quiet_small_files
 from forensics.scan import TextScanner
 from forensics.sources import line_extractors
 from tests.conftest import REPO

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from forensics.analyze import analyze
+from forensics.discover import discover
+from forensics.pipeline import analyze
 from forensics.report.html import render_html
 from forensics.report.json_report import to_json_dict
-from forensics.run import discover
 from forensics.sources.base import Sink
 from forensics.sources.gputrace import EXTRAS_KEY, TraceFile
 from forensics.sources.nsys import FILE_SOURCES

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from forensics.resources import patterns_dir
+from forensics.package_data import patterns_dir
 from forensics.rules import TAXONOMY, load_rules
 from forensics.scan import TextScanner
 from forensics.sources import line_extractors

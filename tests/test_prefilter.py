@@ -5,7 +5,7 @@ import re
 import polars as pl
 import pytest
 
-from forensics.analyze import load_rule_set
+from forensics.pipeline import load_rule_set
 from forensics.prefilter import Literals, literal_searches, required_literals
 from forensics.sources import line_extractors
 

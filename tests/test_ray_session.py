@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from forensics.analyses.ray_cluster import Actor, RayCluster, _verl_ranks, logs_dir
-from forensics.analyze import analyze
-from forensics.attribution import file_context
+from forensics.line_prefixes import file_context
 from forensics.model import Analysis
+from forensics.pipeline import analyze
 from forensics.report.html import render_html
 from forensics.report.json_report import to_json_dict
 from forensics.scan import TextScanner

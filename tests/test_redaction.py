@@ -11,8 +11,8 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from forensics.analyze import analyze
 from forensics.cli import main
+from forensics.pipeline import analyze
 from forensics.redact import redact
 from forensics.report.figures import figures
 from forensics.report.html import render_html

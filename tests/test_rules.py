@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from forensics.resources import patterns_dir
+from forensics.package_data import patterns_dir
 from forensics.rules import TAXONOMY, RuleLoadError, load_rules
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from forensics import prefilter
 from forensics import scan as scan_module
-from forensics.analyze import load_rule_set
+from forensics.pipeline import load_rule_set
 from forensics.scan import LOOKBACK_LINES, TextScanner
 from forensics.sources import line_extractors
 from forensics.sources.base import Sink

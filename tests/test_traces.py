@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from forensics.analyses.traces import find_straggler, rank_units
-from forensics.analyze import analyze
+from forensics.discover import discover
 from forensics.model import Analysis
+from forensics.pipeline import analyze
 from forensics.report.html import render_html
-from forensics.run import discover
 from forensics.sources.base import FileResult, Sink
 from forensics.sources.gputrace import EXTRAS_KEY
 from forensics.sources.kineto import FILE_SOURCES

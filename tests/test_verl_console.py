@@ -37,7 +37,7 @@ def test_not_a_step_line():
 
 def test_hard_wrapped_step_line_from_a_real_paste_is_joined(corpus):
     """verl issue #7412: the paste wraps inside the key `critic/rewards/min`."""
-    from forensics.analyze import analyze
+    from forensics.pipeline import analyze
 
     a = analyze([corpus / "cases" / "045_healthy.log"])
     by_metric = dict(a.series.filter(pl.col("step") == 34).select("metric", "value").iter_rows())
@@ -62,7 +62,7 @@ def test_the_next_step_line_is_never_taken_as_a_continuation():
 
 
 def test_taskrunner_config_dump_and_hydra_files_become_dotted_config():
-    from forensics.analyze import analyze
+    from forensics.pipeline import analyze
 
     a = analyze([FIXTURES / "config" / "ray_healthy"])
     c = a.config
@@ -93,7 +93,7 @@ def test_config_dump_is_parsed_as_literals_only():
 
 def test_file_logger_null_is_a_non_finite_value(tmp_path):
     """verl's file logger writes with orjson, which turns NaN and inf into null."""
-    from forensics.analyze import analyze
+    from forensics.pipeline import analyze
 
     run = tmp_path / "run"
     (run / "proj").mkdir(parents=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from forensics.analyze import analyze
+from forensics.pipeline import analyze
 from forensics.report.html import render_html, script_safe_json
 from tests.conftest import REPO
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from forensics.analyses.curves import GPU_SOURCES, step_curves, warmup_steps
+from forensics.analyses.dynamics.context import GPU_SOURCES, step_curves, warmup_steps
 from forensics.model import Finding
 
 MEMORY_WARN = 0.85

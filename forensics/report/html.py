@@ -28,10 +28,10 @@ from markupsafe import Markup
 
 from forensics import __version__
 from forensics.model import Analysis
+from forensics.package_data import templates_dir
 from forensics.redact import redact_tree
 from forensics.report.figures import figures
 from forensics.report.json_report import to_json_dict
-from forensics.resources import templates_dir
 
 PAGE_TEMPLATE = "plotly_white"  # the plotly template of every figure on a page
 INLINE_SCRIPTS = ("plotly_loader.js",)  # the only scripts the page may run (by hash); files in the templates folder

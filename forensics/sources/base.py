@@ -11,7 +11,7 @@ from typing import Any
 
 import polars as pl
 
-from forensics.attribution import FileContext, LineContext
+from forensics.line_prefixes import FileContext, LineContext
 from forensics.model import EVENT_SCHEMA, MESSAGE_CAP, SERIES_SCHEMA
 from forensics.textio import LineBatch
 

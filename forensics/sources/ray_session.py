@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import PurePosixPath
 from typing import Any
 
-from forensics.attribution import ANSI, RAY_PREFIX, RAY_SYSTEM_PREFIX
+from forensics.line_prefixes import ANSI, RAY_PREFIX, RAY_SYSTEM_PREFIX
 from forensics.sources.base import Hit, LineExtractor, LineRecord, Sink
 from forensics.sources.traceback import EXCEPTION_LINE
 from forensics.sources.traceback import TRIGGER as EXCEPTION_TRIGGER

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from forensics.attribution import parse_timestamp
+from forensics.line_prefixes import parse_timestamp
 from forensics.sources.base import LineExtractor, LineRecord, Sink
 
 SOURCE = "torchrun"

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from forensics.attribution import attribute
+from forensics.line_prefixes import attribute
 from forensics.sources.base import FileResult, FileSource, Hit, LineExtractor, LineRecord, Sink
 from forensics.textio import open_binary
 

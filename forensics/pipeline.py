@@ -10,16 +10,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forensics.analyses.checks import health_checks
-from forensics.analyses.detectors import add_detector_findings, detect
 from forensics.analyses.diagnosis import build_findings, diagnose
+from forensics.analyses.dynamics.training import add_detector_findings, detect
 from forensics.analyses.enrich import enrich
 from forensics.analyses.flight_recorder import flight_recorder_findings
 from forensics.analyses.ray_cluster import ray_report
 from forensics.analyses.traces import review_traces
+from forensics.discover import SKIPPED, TEXT_LOG, RunFile, discover, quiet_small_files
 from forensics.model import Analysis, FileReport
-from forensics.resources import patterns_dir
+from forensics.package_data import patterns_dir
 from forensics.rules import Rule, load_rules
-from forensics.run import SKIPPED, TEXT_LOG, RunFile, discover, quiet_small_files
 from forensics.scan import TextScanner
 from forensics.sources import file_sources, line_extractors
 from forensics.sources.base import FileResult, Sink

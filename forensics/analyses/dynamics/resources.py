@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from forensics.analyses.curves import (
+from forensics.analyses.dynamics.context import (
     GIB_PER_MIB,
     MIN_POINTS,
     Context,
@@ -25,7 +25,7 @@ from forensics.analyses.curves import (
     pick,
     warmup_steps,
 )
-from forensics.analyses.robust import change_point, kendall_tau, theil_sen
+from forensics.analyses.dynamics.robust import change_point, kendall_tau, theil_sen
 from forensics.model import Finding
 
 MEMORY_MIN_TAU = 0.7  # memory rises almost every step

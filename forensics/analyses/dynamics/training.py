@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from forensics.analyses.curves import (
+from forensics.analyses.diagnosis import _sort_key
+from forensics.analyses.dynamics.context import (
     MIN_POINTS,
     Context,
     Curve,
@@ -38,14 +39,13 @@ from forensics.analyses.curves import (
     runs_of,
     value_at,
 )
-from forensics.analyses.diagnosis import _sort_key
-from forensics.analyses.resource_trends import (
+from forensics.analyses.dynamics.resources import (
     detect_memory_growth,
     detect_slow_rank,
     detect_stall,
     detect_throughput_regression,
 )
-from forensics.analyses.robust import (
+from forensics.analyses.dynamics.robust import (
     MAD_TO_SIGMA,
     change_point,
     noise_scale,

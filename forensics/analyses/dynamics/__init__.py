@@ -1,0 +1,1 @@
+"""Training dynamics: detectors over the metric series (loss, RL signals, memory, throughput, progress)."""
