@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -36,6 +37,15 @@ class InputError(click.ClickException):
     """Bad input (rules, paths): `Error: …` and exit status 2, as for bad usage."""
 
     exit_code = 2
+
+
+@contextmanager
+def rules_checked():
+    """Invalid rules (bundled or `--patterns`) end any command the same way: `Error: …` and exit status 2."""
+    try:
+        yield
+    except RuleLoadError as exc:
+        raise InputError(f"invalid rules:\n{exc}\nRun `forensics patterns lint DIR` for every problem.") from exc
 
 
 def _inside(path: Path, folders: list[Path]) -> bool:
@@ -115,9 +125,8 @@ def analyze_cmd(
                 f"{target} is inside the run folder, which forensics never modifies; write it elsewhere (-o FILE)"
             )
     try:
-        result = analyze(inputs, Options(patterns=list(pattern_dirs), jobs=jobs))
-    except RuleLoadError as exc:
-        raise InputError(f"invalid rules:\n{exc}\nRun `forensics patterns lint DIR` for every problem.") from exc
+        with rules_checked():
+            result = analyze(inputs, Options(patterns=list(pattern_dirs), jobs=jobs))
     except (OSError, ValueError) as exc:
         raise InputError(str(exc)) from exc
     redact_secrets = not no_redact
@@ -151,9 +160,10 @@ CHECK_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "unknown":
 def check_cmd(paths: tuple[Path, ...], as_json: bool) -> None:
     """The health checklist alone: memory headroom, throughput, parallel and batch sizes, versions."""
     try:
-        result = analyze(list(paths))
-    except (FileNotFoundError, ValueError, RuleLoadError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        with rules_checked():
+            result = analyze(list(paths))
+    except (OSError, ValueError) as exc:
+        raise InputError(str(exc)) from exc
     if as_json:
         click.echo(json.dumps(result.checks, indent=2, default=str))
         return
@@ -203,10 +213,9 @@ def batch_cmd(
     if address and engine != "ray":
         raise click.UsageError("--address is for --engine ray")
     try:
-        load_rules([patterns_dir(), *pattern_dirs])
+        with rules_checked():
+            load_rules([patterns_dir(), *pattern_dirs])
         specs = find_runs(paths, paths_are_runs, out_dir)
-    except RuleLoadError as exc:
-        raise click.ClickException(f"invalid rules:\n{exc}") from exc
     except BatchError as exc:
         raise click.UsageError(str(exc)) from exc
     if not specs:
@@ -254,11 +263,10 @@ def diff_cmd(
     """Did a change fix the problem? Compare RUN_A (before) with RUN_B (after): numbers, metrics, failures, config."""
     options = Options(patterns=list(pattern_dirs))
     try:
-        a, b = analyze([run_a], options), analyze([run_b], options)
-    except RuleLoadError as exc:
-        raise click.ClickException(f"invalid rules:\n{exc}") from exc
-    except (FileNotFoundError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        with rules_checked():
+            a, b = analyze([run_a], options), analyze([run_b], options)
+    except (OSError, ValueError) as exc:
+        raise InputError(str(exc)) from exc
     doc = compare(a, b, redact_secrets=not no_redact)
     inputs = [run_a, run_b]
     report_path = None
@@ -273,23 +281,22 @@ def diff_cmd(
 
 @main.group("patterns")
 def patterns_group() -> None:
-    """The rule library: list, show, test and lint rules."""
+    """The catalogue: every finding the tool can emit (text rules and detectors); list, show, test, lint."""
 
 
 def _rules(extra: tuple[Path, ...]):
-    try:
+    with rules_checked():
         rules, _ = load_rules([patterns_dir(), *extra])
-    except RuleLoadError as exc:
-        raise InputError(f"invalid rules:\n{exc}") from exc
     return rules
 
 
 @patterns_group.command("list")
 @click.option("--patterns", "extra", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
 def patterns_list(extra: tuple[Path, ...]) -> None:
-    """One line per rule: id, class, severity, title."""
+    """One line per entry: id, class, severity, what finds it (`match` or the detector), title."""
     for rule in _rules(extra):
-        click.echo(f"{rule.id:34} {rule.cls:22} {rule.severity:9} {rule.title}")
+        kind = f"detector:{rule.detector}" if rule.is_detector else "match"
+        click.echo(f"{rule.id:34} {rule.cls:22} {rule.severity:9} {kind:34} {rule.title}")
 
 
 @patterns_group.command("show")
@@ -303,7 +310,7 @@ def patterns_show(rule_id: str, extra: tuple[Path, ...]) -> None:
             base = next((d for d in [*extra, patterns_dir()] if (d / rule.path).is_file()), patterns_dir())
             click.echo((base / rule.path).read_text(encoding="utf-8"))
             return
-    raise click.ClickException(f"no rule {rule_id!r}; `forensics patterns list` shows them")
+    raise InputError(f"no rule {rule_id!r}; `forensics patterns list` shows them")
 
 
 @patterns_group.command("lint")
@@ -314,7 +321,7 @@ def patterns_lint(dirs: tuple[Path, ...]) -> None:
     for error in errors:
         click.echo(str(error))
     if errors:
-        raise click.ClickException(f"{len(errors)} problem(s)")
+        raise InputError(f"{len(errors)} problem(s)")
     click.echo("all rules are valid")
 
 
@@ -328,8 +335,9 @@ def patterns_test(extra: tuple[Path, ...]) -> None:
     for error in errors:
         click.echo(f"FAIL {error}")
     if errors:
-        raise click.ClickException(f"{len(errors)} rule problem(s)")
-    click.echo(f"{len(rules)} rules, {examples} examples: all pass")
+        raise InputError(f"{len(errors)} rule problem(s)")
+    detectors = sum(r.is_detector for r in rules)
+    click.echo(f"{len(rules) - detectors} rules, {examples} examples: all pass; {detectors} detector entries valid")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import polars as pl
@@ -34,6 +34,7 @@ SERIES_SCHEMA: dict[str, pl.DataType] = {
 }
 
 MESSAGE_CAP = 2000
+FAR_FUTURE = datetime(9999, 1, 1, tzinfo=timezone.utc)  # where a finding without a time sorts
 SEVERITIES = ("info", "warning", "error", "critical")
 
 
@@ -44,11 +45,12 @@ def severity_rank(severity: str) -> int:
 
 @dataclass(frozen=True)
 class Evidence:
-    """One input line that supports a finding."""
+    """One input line that supports a finding; `facts` are the values its readers extracted (not in the JSON)."""
 
     file: str
     line: int
     text: str
+    facts: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "line": self.line, "text": self.text}
@@ -76,6 +78,10 @@ class Finding:
     symptom_of: tuple[str, ...] = ()
     step: int | None = None
     explanation: str = ""
+
+    def sort_key(self) -> tuple[datetime, int, int, int]:
+        """Time order, then the position in the input (file, line, sequence) where times are missing."""
+        return (self.ts or FAR_FUTURE, *self.order)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -249,8 +249,8 @@ def _worker(conn: Connection) -> None:
     """Serve inputs until told to stop; rules are loaded once (they are not what is fuzzed)."""
     import forensics.pipeline
 
-    rules = forensics.pipeline.load_rule_set([])
-    forensics.pipeline.load_rule_set = lambda overlays: rules
+    catalogue = forensics.pipeline.load_catalogue([])
+    forensics.pipeline.load_catalogue = lambda overlays, text_rules=True: catalogue
     while True:
         task = conn.recv()
         if task is None:

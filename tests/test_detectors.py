@@ -9,8 +9,12 @@ import numpy as np
 import polars as pl
 import pytest
 
-from forensics.analyses.dynamics.training import add_detector_findings, detect
+from forensics.analyses.dynamics import detect, dynamics_findings
+from forensics.catalogue import Detection
 from forensics.model import SERIES_SCHEMA, Evidence, Finding, empty_events
+from forensics.pipeline import load_catalogue
+
+CATALOGUE = load_catalogue([])
 
 STEPS = 80
 
@@ -32,8 +36,20 @@ def _marks(n: int = STEPS) -> list[tuple[str, int, int]]:
     return [("driver.log", 10 + 2 * step, step) for step in range(1, n + 1)]
 
 
+def _detections(curves, **kwargs) -> list[Detection]:
+    found, warnings = detect(_series(curves), empty_events(), _marks(), {"driver.log": 0}, **kwargs)
+    assert warnings == []
+    return found
+
+
 def _run(curves, **kwargs) -> list[Finding]:
-    return detect(_series(curves), empty_events(), _marks(), {"driver.log": 0}, **kwargs)
+    return CATALOGUE.describe_all(_detections(curves, **kwargs))
+
+
+def _describe(series: pl.DataFrame, events: pl.DataFrame, marks: list[tuple[str, int, int]]) -> list[Finding]:
+    found, warnings = detect(series, events, marks, {"driver.log": 0})
+    assert warnings == []
+    return CATALOGUE.describe_all(found)
 
 
 def _healthy_rl(seed: int) -> dict[str, np.ndarray]:
@@ -112,8 +128,7 @@ def test_detector_nan_folds_into_the_rule_finding():
         3,
         [Evidence("driver.log", 70, "step:30 - actor/pg_loss:nan")],
     )
-    merged = add_detector_findings([rule], _run(curves))
-    assert merged == [rule]
+    assert dynamics_findings([rule], _detections(curves), CATALOGUE) == []
     assert rule.fields["metric"] == "actor/pg_loss" and rule.step == 30 and "step 30" in rule.explanation
 
 
@@ -220,7 +235,7 @@ def test_slow_rank_from_per_rank_step_times():
     for rank in range(4):
         base = 1.3 if rank == 2 else 1.0
         frames.append(_series({"timing_s/step": base + rng.normal(0, 0.02, STEPS)}, rank=rank))
-    found = detect(pl.concat(frames), empty_events(), _marks(), {"driver.log": 0})
+    found = _describe(pl.concat(frames), empty_events(), _marks())
     assert [(f.rule, f.rank) for f in found] == [("slow-rank", 2)]
 
 
@@ -237,7 +252,7 @@ def test_stall_when_the_log_goes_on_without_steps():
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
     rows = [("driver.log", 9 + 2 * step, start + timedelta(seconds=30 * step)) for step in range(1, 21)]
     rows.append(("driver.log", 500, start + timedelta(seconds=30 * 20 + 1800)))
-    found = detect(_series({"timing_s/step": np.full(20, 30.0)}), _stamped(rows), _marks(20), {"driver.log": 0})
+    found = _describe(_series({"timing_s/step": np.full(20, 30.0)}), _stamped(rows), _marks(20))
     (stall,) = [f for f in found if f.rule == "training-stall"]
     assert (stall.cls, stall.step, stall.fields["gap_s"]) == ("hang", 20, 1800.0)
     assert "step 21" in stall.explanation
@@ -247,7 +262,7 @@ def test_no_stall_when_steps_run_to_the_end_of_the_log():
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
     rows = [("driver.log", 9 + 2 * step, start + timedelta(seconds=30 * step)) for step in range(1, 21)]
     rows.append(("driver.log", 500, start + timedelta(seconds=30 * 21)))
-    found = detect(_series({"timing_s/step": np.full(20, 30.0)}), _stamped(rows), _marks(20), {"driver.log": 0})
+    found = _describe(_series({"timing_s/step": np.full(20, 30.0)}), _stamped(rows), _marks(20))
     assert found == []
 
 
@@ -277,4 +292,4 @@ def test_noisy_but_healthy_losses_do_not_oscillate(seed):
         "critic/vf_loss": 0.5 * rng.lognormal(0, 0.3, n),  # a critic's loss: multiplicative noise
     }
     series = _series(curves)
-    assert detect(series, empty_events(), _marks(n), {"driver.log": 0}) == []
+    assert _describe(series, empty_events(), _marks(n)) == []

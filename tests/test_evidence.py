@@ -11,8 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from forensics.analyses.evidence import oom_case, parse_oom, renaming, shape_diff
-from forensics.pipeline import analyze
+from forensics.analyses.explain.checkpoint import renaming, shape_diff
+from forensics.analyses.explain.cuda_oom import OomBudget, oom_budget, oom_case
+from forensics.pipeline import analyze, load_catalogue
+
+CUDA_OOM = load_catalogue([]).entry("cuda-oom")
+
+
+def parse_oom(line: str) -> OomBudget | None:
+    """The budget of an OOM line as the analysis gets it: the rule's extracted fields, read by the explain room."""
+    return oom_budget(CUDA_OOM.extract_fields([line]))
 
 CURRENT_OOM = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.15 GiB. GPU 0 has a total capacity of "

@@ -28,7 +28,7 @@ import forensics.pipeline as analyze_module
 from forensics import textio
 from forensics.cli import main
 from forensics.discover import discover, quiet_small_files
-from forensics.pipeline import analyze, load_rule_set
+from forensics.pipeline import analyze, load_catalogue
 from forensics.report.figures import figures
 from forensics.report.html import MAX_FILE_ROWS, render_html
 from forensics.report.json_report import dumps, to_json_dict
@@ -428,7 +428,7 @@ def test_undecodable_file_names_and_lone_surrogates_reach_every_output(tmp_path)
 
 def test_skipping_small_files_that_match_nothing_changes_no_result(monkeypatch):
     """quiet_small_files only saves time: runs of many small files give the same result with and without it."""
-    may_match = TextScanner(load_rule_set([]), line_extractors()).may_match
+    may_match = TextScanner(load_catalogue([]).rules, line_extractors()).may_match
     fixtures = [REPO / "tests" / "fixtures" / "runs" / name for name in ("healthy", "sigkill", "ray_worker_sigkill")]
     skipped = 0
     for run in [*fixtures, REPO / "examples" / "oom_then_timeout"]:

@@ -9,7 +9,7 @@ import pytest
 
 from forensics import prefilter
 from forensics import scan as scan_module
-from forensics.pipeline import load_rule_set
+from forensics.pipeline import load_catalogue
 from forensics.scan import LOOKBACK_LINES, TextScanner
 from forensics.sources import line_extractors
 from forensics.sources.base import Sink
@@ -17,7 +17,7 @@ from forensics.textio import iter_line_batches
 
 
 def _scanner(extra_rules: Path | None = None) -> TextScanner:
-    rules = load_rule_set([extra_rules] if extra_rules else [])
+    rules = load_catalogue([extra_rules] if extra_rules else []).rules
     return TextScanner(rules, line_extractors())
 
 

@@ -1,10 +1,11 @@
-"""Load rules from YAML strictly: every problem names its file, line and key.
+"""Load catalogue entries from YAML strictly: every problem names its file, line and key.
 
 A linter collects every problem (`collect=True`); a library caller fails on the first.
 """
 
 from __future__ import annotations
 
+import string
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ ALLOWED_KEYS = {
     "layer",
     "description",
     "match",
+    "detector",
     "extract",
     "extract_window",
     "symptom_of",
@@ -32,7 +34,8 @@ ALLOWED_KEYS = {
     "examples",
     "notes",
 }
-REQUIRED_KEYS = ("id", "title", "class", "severity", "layer", "description", "match", "examples")
+REQUIRED_KEYS = ("id", "title", "class", "severity", "layer", "description")
+RULE_ONLY_KEYS = ("match", "examples", "extract", "extract_window")  # a detector's entry has no line to match
 CLAUSE_KEYS = {"regex", "followed_by", "window"}
 ID_SHAPE = regex.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 
@@ -152,8 +155,73 @@ class _RuleBuilder:
         for key in REQUIRED_KEYS:
             if key not in d:
                 self.error(key, "required key is missing")
+        detector = self.check_kind()
         if self.errors:
             return None
+        self.check_identity()
+        symptom_of = self.check_symptom_of()
+        remediation = _as_str_list(d.get("remediation") or [])
+        references = _as_str_list(d.get("references") or [])
+        if remediation is None:
+            self.error("remediation", "must be a list of strings")
+        if references is None:
+            self.error("references", "must be a list of strings")
+        for key, text in [("title", str(d["title"])), *(("remediation", r) for r in remediation or [])]:
+            self.check_template(key, text)
+        if detector:
+            clauses, extract, window, ex_match, ex_no = [], {}, 0, [], []
+        else:
+            clauses = self.build_clauses(d["match"])
+            extract = self.check_extract()
+            window = self.check_window()
+            examples = self.check_examples_block()
+            if examples is None:
+                return None
+            ex_match, ex_no = examples
+        self.check_rust()
+        if self.errors:
+            return None
+        rule = Rule(
+            id=self.rule_id,
+            title=str(d["title"]),
+            cls=d["class"],
+            severity=d["severity"],
+            layer=d["layer"],
+            description=str(d["description"]).strip(),
+            match=tuple(clauses),
+            detector=detector,
+            extract=dict(extract),
+            extract_window=window,
+            symptom_of=tuple(symptom_of),
+            remediation=tuple(remediation or ()),
+            references=tuple(references or ()),
+            examples_match=tuple(ex_match or ()),
+            examples_no_match=tuple(ex_no or ()),
+            path=self.path,
+        )
+        if not detector:
+            self.check_examples(rule)
+        return None if self.errors else rule
+
+    def check_kind(self) -> str:
+        """The detector's name for a detector's entry, "" for a text rule; exactly one of the two."""
+        d = self.data
+        if "detector" not in d:
+            for key in ("match", "examples"):
+                if key not in d:
+                    self.error(key, "required key is missing (or give `detector:` for a finding code computes)")
+            return ""
+        detector = d["detector"]
+        if not isinstance(detector, str) or not ID_SHAPE.match(detector):
+            self.error("detector", "must name the detector in kebab-case")
+            return ""
+        for key in RULE_ONLY_KEYS:
+            if key in d:
+                self.error(key, "a detector's entry has no lines to match: `detector:` replaces `match:` and examples")
+        return detector
+
+    def check_identity(self) -> None:
+        d = self.data
         if not ID_SHAPE.match(self.rule_id):
             self.error("id", f"{self.rule_id!r} is not kebab-case")
         stem = Path(self.path).stem
@@ -165,30 +233,49 @@ class _RuleBuilder:
             self.error("severity", f"{d['severity']!r} is not one of {', '.join(SEVERITIES)}")
         if d["layer"] not in LAYERS:
             self.error("layer", f"{d['layer']!r} is not one of {', '.join(LAYERS)}")
-        clauses = self.build_clauses(d["match"])
-        extract = d.get("extract") or {}
+
+    def check_symptom_of(self) -> list[str]:
+        symptom_of = _as_str_list(self.data.get("symptom_of") or [])
+        if symptom_of is None:
+            self.error("symptom_of", "must be a list of classes")
+            return []
+        for cls in symptom_of:
+            if cls not in TAXONOMY:
+                self.error("symptom_of", f"{cls!r} is not in the taxonomy")
+        return symptom_of
+
+    def check_template(self, key: str, text: str) -> None:
+        """Titles and remediation may name the finding's fields (`{metric}`, `{steps[0]}`); check the braces."""
+        try:
+            names = [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
+        except ValueError as exc:
+            self.error(key, f"bad placeholder in {text[:80]!r}: {exc} (write {{{{ and }}}} for literal braces)")
+            return
+        for name in names:
+            if not regex.match(r"^[A-Za-z_]\w*(?:\[\d+\])?$", name):
+                self.error(key, f"placeholder {{{name}}} must name a field, optionally indexed ({{steps[0]}})")
+
+    def check_extract(self) -> dict[str, str]:
+        extract = self.data.get("extract") or {}
         if not isinstance(extract, dict):
             self.error("extract", "must map names to regexes")
-            extract = {}
+            return {}
         extract.pop("__lines__", None)
         for name, pattern in extract.items():
             self.check_regex("extract", pattern)
             if isinstance(pattern, str) and "(?P<" not in pattern:
                 self.error("extract", f"{name}: the regex has no named group to extract")
-        symptom_of = _as_str_list(d.get("symptom_of") or [])
-        if symptom_of is None:
-            self.error("symptom_of", "must be a list of classes")
-            symptom_of = []
-        for cls in symptom_of:
-            if cls not in TAXONOMY:
-                self.error("symptom_of", f"{cls!r} is not in the taxonomy")
-        remediation = _as_str_list(d.get("remediation") or [])
-        references = _as_str_list(d.get("references") or [])
-        if remediation is None:
-            self.error("remediation", "must be a list of strings")
-        if references is None:
-            self.error("references", "must be a list of strings")
-        examples = d.get("examples")
+        return extract
+
+    def check_window(self) -> int:
+        window = self.data.get("extract_window", 0)
+        if not isinstance(window, int) or not 0 <= window <= 50:
+            self.error("extract_window", "must be an integer from 0 to 50")
+            return 0
+        return window
+
+    def check_examples_block(self) -> tuple[list[str], list[str]] | None:
+        examples = self.data.get("examples")
         if not isinstance(examples, dict):
             self.error("examples", "must have `match` and `no_match` lists")
             return None
@@ -204,32 +291,7 @@ class _RuleBuilder:
                 self.errors.append(
                     RuleError(self.path, ex_lines.get(key, 1), f"examples.{key}", "unknown key", self.rule_id)
                 )
-        window = d.get("extract_window", 0)
-        if not isinstance(window, int) or not 0 <= window <= 50:
-            self.error("extract_window", "must be an integer from 0 to 50")
-            window = 0
-        self.check_rust()
-        if self.errors:
-            return None
-        rule = Rule(
-            id=self.rule_id,
-            title=str(d["title"]),
-            cls=d["class"],
-            severity=d["severity"],
-            layer=d["layer"],
-            description=str(d["description"]).strip(),
-            match=tuple(clauses),
-            extract=dict(extract),
-            extract_window=window,
-            symptom_of=tuple(symptom_of),
-            remediation=tuple(remediation or ()),
-            references=tuple(references or ()),
-            examples_match=tuple(ex_match or ()),
-            examples_no_match=tuple(ex_no or ()),
-            path=self.path,
-        )
-        self.check_examples(rule)
-        return None if self.errors else rule
+        return ex_match or [], ex_no or []
 
     def build_clauses(self, raw: Any) -> list[MatchClause]:
         if not isinstance(raw, list) or not raw:
@@ -350,10 +412,23 @@ def rule_files(directories: Iterable[Path]) -> list[tuple[Path, Path]]:
     return found
 
 
-def load_rules(directories: Iterable[Path], collect: bool = False) -> tuple[list[Rule], list[RuleError]]:
-    """Load every rule; later directories overlay earlier ones by rule id.
+DETECTOR_KEY = regex.compile(r"^detector:", regex.MULTILINE)
 
-    With `collect`, problems are returned; otherwise the first problem raises RuleLoadError.
+
+def _declares_detector(path: Path) -> bool:
+    try:
+        return bool(DETECTOR_KEY.search(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError):
+        return True  # let the full load report it
+
+
+def load_rules(
+    directories: Iterable[Path], collect: bool = False, detectors_only: bool = False
+) -> tuple[list[Rule], list[RuleError]]:
+    """Load every catalogue entry; later directories overlay earlier ones by id.
+
+    With `collect`, problems are returned; otherwise the first problem raises RuleLoadError. With
+    `detectors_only`, text rules are skipped unread (a run without text logs needs only the detectors').
     """
     by_id: dict[str, Rule] = {}
     errors: list[RuleError] = []
@@ -361,6 +436,8 @@ def load_rules(directories: Iterable[Path], collect: bool = False) -> tuple[list
     for index, root in enumerate(dirs):
         seen_here: dict[str, str] = {}
         for path, base in rule_files([root]):
+            if detectors_only and not _declares_detector(path):
+                continue
             rule, errs = load_rule_file(path, base)
             errors.extend(errs)
             if errs and not collect:

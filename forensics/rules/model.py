@@ -1,4 +1,9 @@
-"""The rule model: one YAML file per rule, validated strictly, tested by its own examples."""
+"""The catalogue model: one YAML file per entry, validated strictly.
+
+An entry is a text rule (`match:` regexes, tested by its own examples) or the description of a finding that
+code computes (`detector:` names the code): either way the entry says what the finding is called, its class,
+severity and remediation, so that code only computes and the catalogue describes.
+"""
 
 from __future__ import annotations
 
@@ -58,7 +63,8 @@ class Rule:
     severity: str
     layer: str
     description: str
-    match: tuple[MatchClause, ...]
+    match: tuple[MatchClause, ...]  # empty for a detector's entry
+    detector: str = ""  # the code that computes this finding, in place of `match`
     extract: dict[str, str] = field(default_factory=dict)
     extract_window: int = 0
     symptom_of: tuple[str, ...] = ()
@@ -67,6 +73,10 @@ class Rule:
     examples_match: tuple[str, ...] = ()
     examples_no_match: tuple[str, ...] = ()
     path: str = ""
+
+    @property
+    def is_detector(self) -> bool:
+        return bool(self.detector)
 
     @property
     def area(self) -> str:

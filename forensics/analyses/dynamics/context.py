@@ -1,4 +1,4 @@
-"""Per-run metric curves: what detectors and checks read, and how their findings are built.
+"""Per-run metric curves: what detectors and checks read, and how their detections point at the log.
 
 The series table holds every sample of every source (console step lines, each rank's stdout, the
 file logger, nvidia-smi); a `Curve` is one metric by step with the duplicate copies joined, and a
@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from forensics.model import Evidence, Finding
+from forensics.analyses.explain.cuda_oom import oom_budget
+from forensics.catalogue import Detection
+from forensics.model import Evidence
 
 GPU_SOURCES = ("nvidia_smi", "dcgm")
 GIB_PER_MIB = 1 / 1024
@@ -137,21 +139,15 @@ def rank_curves(series: pl.DataFrame) -> dict[str, dict[int, Curve]]:
 def _oom_memory(events: pl.DataFrame) -> tuple[float | None, float]:
     """(capacity, memory outside PyTorch's allocator) in GiB from a CUDA OOM message, when one was logged.
 
-    The message says how much of the GPU was in use in all (capacity - free) and how much PyTorch holds
-    (allocated + reserved but unallocated); the rest (CUDA context, NCCL buffers, other processes) is
-    not available to tensors, so a leak reaches its limit that much earlier.
+    The memory not available to tensors (CUDA context, NCCL buffers, other processes) makes a leak reach
+    its limit that much earlier.
     """
     oom = events.filter(pl.col("fields").str.contains('"capacity"', literal=True))
     for raw in oom.get_column("fields").to_list():
         fields = json.loads(raw)
-        capacity = _parse_size_gib(fields.get("capacity"))
-        if not capacity:
-            continue
-        parts = [_parse_size_gib(fields.get(k)) for k in ("free", "allocated", "reserved_unallocated")]
-        if all(p is not None for p in parts):
-            free, allocated, cached = parts
-            return capacity, max(0.0, capacity - free - allocated - cached)
-        return capacity, 0.0
+        budget = oom_budget({"tried": "0 B", **fields})
+        if budget is not None and budget.capacity:
+            return budget.capacity, budget.outside_allocator or 0.0
     return None, 0.0
 
 
@@ -165,17 +161,6 @@ def _capacity_gib(events: pl.DataFrame, environment: dict[str, Any], gpu: pl.Dat
         return float(total) * GIB_PER_MIB
     totals = gpu.filter(pl.col("metric") == "gpu/memory_total_mib").get_column("value")
     return float(totals.max()) * GIB_PER_MIB if totals.len() else None
-
-
-def _parse_size_gib(text: str | None) -> float | None:
-    if not text:
-        return None
-    number, _, unit = text.strip().partition(" ")
-    scale = {"GiB": 1.0, "GB": 1.0, "MiB": 1 / 1024, "MB": 1 / 1024, "TiB": 1024.0, "KiB": 1 / 1024**2}.get(unit)
-    try:
-        return float(number) * scale if scale else None
-    except ValueError:
-        return None
 
 
 def _marks(step_marks: list[tuple[str, int, int]], file_order: dict[str, int]) -> dict[int, tuple[str, int, int]]:
@@ -247,22 +232,18 @@ def value_at(curve: Curve, step: int) -> float:
     return float(curve.values[hit[0]]) if len(hit) else math.nan
 
 
-def make_finding(
+def detection(
     ctx: Context,
+    entry: str,
     *,
-    rule: str,
-    cls: str,
-    title: str,
-    severity: str,
-    layer: str,
     curve: Curve | None,
     steps: tuple[int, int],
     explanation: str,
-    remediation: list[str],
     fields: dict[str, Any] | None = None,
     rank: int | None = None,
-    symptom_of: tuple[str, ...] = (),
-) -> Finding:
+) -> Detection:
+    """What a detector found over `steps` (first, last) of `curve`, pointing at those steps' lines; the
+    catalogue entry `entry` describes it."""
     first, last = int(steps[0]), int(steps[1])
     evidence = []
     if curve is not None:
@@ -273,28 +254,19 @@ def make_finding(
     mark = ctx.marks.get(first)
     order = (mark[2], mark[1], 0) if mark else (1 << 30, first, 0)
     extra = {k: v.item() if isinstance(v, np.generic) else v for k, v in (fields or {}).items()}
-    return Finding(
-        rule=rule,
-        cls=cls,
-        title=title,
-        severity=severity,
-        layer=layer,
+    return Detection(
+        id=entry,
         rank=rank,
-        host=None,
-        role=None,
         ts=ctx.mark_ts.get(first),
         ts_inferred=True,
         order=order,
-        count=1,
         evidence=evidence,
         fields={
-            "detector": rule,
+            "detector": entry,
             **({"metric": curve.metric} if curve else {}),
             "steps": [first, last],
             **extra,
         },
-        remediation=remediation,
-        symptom_of=symptom_of,
         step=first,
         explanation=explanation,
     )

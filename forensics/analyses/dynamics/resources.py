@@ -20,13 +20,13 @@ from forensics.analyses.dynamics.context import (
     Context,
     Curve,
     after_warmup,
+    detection,
     fmt,
-    make_finding,
     pick,
     warmup_steps,
 )
 from forensics.analyses.dynamics.robust import change_point, kendall_tau, theil_sen
-from forensics.model import Finding
+from forensics.catalogue import Detection
 
 MEMORY_MIN_TAU = 0.7  # memory rises almost every step
 MEMORY_MIN_RISE_GIB = 1.0
@@ -86,7 +86,7 @@ def _leaking_gpu(ctx: Context) -> tuple[int | None, str]:
     )
 
 
-def detect_memory_growth(ctx: Context) -> list[Finding]:
+def detect_memory_growth(ctx: Context) -> list[Detection]:
     """Memory that grows with every step (a leak), with the step at which it reaches the GPU's capacity."""
     out = []
     for names, cls, what in (
@@ -135,21 +135,12 @@ def detect_memory_growth(ctx: Context) -> list[Finding]:
         rank, gpu_note = _leaking_gpu(ctx) if what == "GPU" else (None, "")
         explanation += gpu_note
         out.append(
-            make_finding(
+            detection(
                 ctx,
-                rule="memory-growth",
-                cls=cls,
-                title=f"{what} memory grows every step (leak)",
-                severity="warning",
-                layer="framework",
+                "memory-growth" if what == "GPU" else "host-memory-growth",
                 curve=curve,
                 steps=(first, last),
                 explanation=explanation,
-                remediation=[
-                    "Look for tensors kept across steps (lists of losses or logits not detached, caches that are "
-                    "never cleared, metrics holding GPU tensors); call .item() or .detach().cpu() on what you log.",
-                    "Compare torch.cuda.memory_allocated() at the start of consecutive steps to find where it grows.",
-                ],
                 fields=fields,
                 rank=rank,
             )
@@ -216,7 +207,7 @@ def _straggler_gpu(ctx: Context) -> tuple[int | None, str]:
     )
 
 
-def detect_throughput_regression(ctx: Context) -> list[Finding]:
+def detect_throughput_regression(ctx: Context) -> list[Detection]:
     """A sustained drop in throughput (or rise in step time) after warm-up, with the step it began."""
     picked = _throughput_curve(ctx)
     if picked is None:
@@ -248,29 +239,19 @@ def detect_throughput_regression(ctx: Context) -> list[Finding]:
     rank, note = _straggler_gpu(ctx)
     explanation += note or " A sudden, lasting slowdown points at one slow rank (a straggler) or a degraded link."
     return [
-        make_finding(
+        detection(
             ctx,
-            rule="throughput-regression",
-            cls="straggler",
-            title="Throughput dropped and stayed down",
-            severity="warning",
-            layer="infrastructure",
+            "throughput-regression",
             curve=curve,
             steps=(step, int(judged.steps[-1])),
             explanation=explanation,
-            remediation=[
-                "Find the slow rank: compare per-rank step or kernel times (a profiler trace of one step, or "
-                "nvidia-smi utilisation, clocks and power per GPU); check for thermal or power throttling and Xid "
-                "errors on its node.",
-                "If the slowdown follows a change in response length, it is the workload, not the hardware.",
-            ],
             fields={"before": before, "after": after, "drop": round(drop, 3)},
             rank=rank,
         )
     ]
 
 
-def detect_slow_rank(ctx: Context) -> list[Finding]:
+def detect_slow_rank(ctx: Context) -> list[Detection]:
     """One rank consistently slower than the others, where ranks log their own step times."""
     out = []
     for metric in ("timing_s/step", "perf/time_per_step", "timing_s/update_actor"):
@@ -290,23 +271,15 @@ def detect_slow_rank(ctx: Context) -> list[Finding]:
             continue
         curve = per_rank[slow]
         out.append(
-            make_finding(
+            detection(
                 ctx,
-                rule="slow-rank",
-                cls="straggler",
-                title=f"Rank {slow} is slower than the others",
-                severity="warning",
-                layer="infrastructure",
+                "slow-rank",
                 curve=curve,
                 steps=(int(curve.steps[0]), int(curve.steps[-1])),
                 explanation=(
                     f"rank {slow}'s median {metric} is {medians[slow]:.3g} s against {others:.3g} s for the other "
                     f"ranks (+{medians[slow] / others - 1:.0%}); every collective waits for it."
                 ),
-                remediation=[
-                    f"Check rank {slow}'s GPU (clocks, power and thermal throttling, Xid errors) and its data "
-                    "loading; move it to another node to see whether the slowness follows the hardware."
-                ],
                 fields={"rank_medians": {str(r): round(v, 4) for r, v in sorted(medians.items())}},
                 rank=slow,
             )
@@ -325,7 +298,7 @@ def _step_seconds(ctx: Context) -> float | None:
     return None
 
 
-def detect_stall(ctx: Context) -> list[Finding]:
+def detect_stall(ctx: Context) -> list[Detection]:
     """No new step for many times the usual step time before the log ends: the job stopped progressing."""
     if not ctx.marks:
         return []
@@ -344,13 +317,9 @@ def detect_stall(ctx: Context) -> list[Finding]:
     if gap < max(STALL_FACTOR * step_s, STALL_MIN_S):
         return []
     return [
-        make_finding(
+        detection(
             ctx,
-            rule="training-stall",
-            cls="hang",
-            title="Training stopped making steps",
-            severity="error",
-            layer="infrastructure",
+            "training-stall",
             curve=None,
             steps=(last, last),
             explanation=(
@@ -358,22 +327,6 @@ def detect_stall(ctx: Context) -> list[Finding]:
                 f"until {end_ts:%H:%M:%S} — {gap:.0f} s, {gap / step_s:.0f}x the usual step time of {step_s:.3g} s — "
                 f"without another step: the job hung in step {last + 1}."
             ),
-            remediation=[
-                "Find what the ranks were waiting for: py-spy dump of each rank, or the NCCL flight recorder "
-                "(TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT=1).",
-            ],
             fields={"gap_s": round(gap, 1), "step_s": round(step_s, 4)},
-            symptom_of=(
-                "cuda_oom",
-                "host_oom",
-                "process_killed",
-                "nccl_timeout",
-                "nccl_error",
-                "collective_mismatch",
-                "ray_actor_died",
-                "ray_node_died",
-                "cuda_error",
-                "gpu_hardware",
-            ),
         )
     ]

@@ -14,36 +14,25 @@ threshold asks for a large effect relative to the curve's own noise *and* to its
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
-import polars as pl
 
-from forensics.analyses.diagnosis import _sort_key
 from forensics.analyses.dynamics.context import (
     MIN_POINTS,
     Context,
     Curve,
     after_warmup,
-    build_context,
+    detection,
     fmt,
     is_grad_norm,
     is_loss,
     is_value_loss,
     is_watched_for_non_finite,
-    make_finding,
     matching,
     metric_leaf,
     pick,
     runs_of,
     value_at,
-)
-from forensics.analyses.dynamics.resources import (
-    detect_memory_growth,
-    detect_slow_rank,
-    detect_stall,
-    detect_throughput_regression,
 )
 from forensics.analyses.dynamics.robust import (
     MAD_TO_SIGMA,
@@ -53,12 +42,9 @@ from forensics.analyses.dynamics.robust import (
     rolling_noise,
     trailing_median,
 )
-from forensics.model import Finding
+from forensics.catalogue import Detection
 
 NON_FINITE_RULE = "non-finite-loss"  # the YAML rule that catches the first non-finite step line
-# Findings that are usually the consequence of another instability (a divergence, a NaN, an oscillation):
-# when one of those is present they are listed as its symptoms, not as rival root causes.
-CONSEQUENCE_OF = ("training_instability",)
 
 DIVERGENCE_NOISE_K = 10.0  # a divergence stands this many noise units above where the loss started...
 DIVERGENCE_START_FRACTION = 0.25  # ...and a quarter above it...
@@ -91,7 +77,7 @@ LENGTH_COLLAPSE_WINDOW = 3  # steps between the reward jump and the length drop
 # --- numerical failure -------------------------------------------------------------------------
 
 
-def detect_non_finite(ctx: Context) -> list[Finding]:
+def detect_non_finite(ctx: Context) -> list[Detection]:
     """The first step where a loss, grad norm, KL or entropy became NaN or inf, and whether it recovered."""
     watched = matching(ctx, is_watched_for_non_finite)
     first_bad: dict[str, int] = {}
@@ -113,7 +99,7 @@ def detect_non_finite(ctx: Context) -> list[Finding]:
     later = last_step - start + 1
     persisted = max(bad_steps) == last_step
     only_grad_norm = all(is_grad_norm(m) for m in first_bad)
-    severity = "warning" if only_grad_norm and not persisted else "error"
+    entry = "non-finite-grad-norm-recovered" if only_grad_norm and not persisted else "non-finite-metric"
     prior = f" (last finite value {fmt(before.values[-1])} at step {before.steps[-1]})" if len(before) else ""
     also = (
         f"; also non-finite at that step: {', '.join(m for m in at_start if m != primary)}" if len(at_start) > 1 else ""
@@ -127,22 +113,12 @@ def detect_non_finite(ctx: Context) -> list[Finding]:
         outcome = f"{len(bad_steps)} step(s) were non-finite and training produced finite values again afterwards."
     explanation = f"{primary} was {fmt(value_at(curve, start))} at step {start}{prior}{also}. {outcome}"
     return [
-        make_finding(
+        detection(
             ctx,
-            rule="non-finite-metric",
-            cls="training_instability",
-            title="Loss or gradient norm became NaN/inf",
-            severity=severity,
-            layer="script",
+            entry,
             curve=curve,
             steps=(start, max(bad_steps)),
             explanation=explanation,
-            remediation=[
-                "Resume from the last checkpoint before step "
-                f"{start} with a lower learning rate (actor_rollout_ref.actor.optim.lr) and gradient clipping on.",
-                "Look at the batch of that step: extreme rewards or advantages, empty responses, or fp16 overflow "
-                "(keep the loss and softmax in fp32 under bf16).",
-            ],
             fields={"metrics": at_start[:10], "non_finite_steps": len(bad_steps), "recovered": not persisted},
         )
     ]
@@ -209,7 +185,7 @@ def _divergence(finite: Curve, last_logged: int) -> tuple[int, int, str] | None:
     return onset, len(y) - 1, how + ", and did not come back down."
 
 
-def detect_divergence(ctx: Context) -> list[Finding]:
+def detect_divergence(ctx: Context) -> list[Detection]:
     """A loss far above where it started for several steps, or one that climbs back up and stays there."""
     out = []
     for curve in matching(ctx, is_loss):
@@ -222,21 +198,12 @@ def detect_divergence(ctx: Context) -> list[Finding]:
         onset, last, how = found
         start = int(finite.steps[onset])
         out.append(
-            make_finding(
+            detection(
                 ctx,
-                rule="loss-divergence",
-                cls="training_instability",
-                title=f"{curve.metric} diverged",
-                severity="error",
-                layer="script",
+                "loss-divergence",
                 curve=curve,
                 steps=(start, int(finite.steps[last])),
                 explanation=how,
-                remediation=[
-                    "Lower the learning rate (actor_rollout_ref.actor.optim.lr, critic.optim.lr) or lengthen its "
-                    "warm-up; keep gradient clipping on (actor_rollout_ref.actor.grad_clip).",
-                    f"Resume from a checkpoint saved before step {start} rather than from the latest one.",
-                ],
             )
         )
     return out
@@ -262,7 +229,7 @@ def _episodes(y: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
     return runs_of(y - best > threshold), best
 
 
-def detect_loss_instability(ctx: Context) -> list[Finding]:
+def detect_loss_instability(ctx: Context) -> list[Detection]:
     """A positive loss that keeps bouncing back above its best level (oscillation), or climbs back for a while."""
     diverged = {f.fields["metric"] for f in detect_divergence(ctx)}
     out = []
@@ -284,35 +251,27 @@ def detect_loss_instability(ctx: Context) -> list[Finding]:
         first, last = int(judged.steps[episodes[0][0]]), int(judged.steps[episodes[-1][1]])
         spans = [[int(judged.steps[a]), int(judged.steps[b])] for a, b in episodes]
         if len(episodes) >= OSCILLATION_MIN_EPISODES:
-            rule, title = "loss-oscillation", f"{curve.metric} oscillates"
+            entry = "loss-oscillation"
             explanation = (
                 f"{curve.metric} jumped back above the best level it had reached {len(episodes)} times between "
                 f"steps {first} and {last}, by up to {rise:.0%} (step {judged.steps[worst]}), instead of settling: "
                 "the updates overshoot, typically a learning rate at the edge of stability."
             )
         else:
-            rule, title = "loss-regression", f"{curve.metric} climbed back up for {length} steps"
+            entry = "loss-regression"
             explanation = (
                 f"{curve.metric} climbed back above the best level it had reached ({fmt(float(best[episodes[0][0]]))})"
                 f" from step {first} to step {last}, by up to {rise:.0%} at step {judged.steps[worst]}: an update "
                 "overshot and training spent those steps recovering."
             )
         out.append(
-            make_finding(
+            detection(
                 ctx,
-                rule=rule,
-                cls="training_instability",
-                title=title,
-                severity="warning",
-                layer="script",
+                entry,
                 curve=curve,
                 steps=(first, last),
                 explanation=explanation,
-                remediation=[
-                    "Lower the learning rate or lengthen its warm-up; keep gradient clipping on.",
-                    "If it coincides with grad-norm spikes, look at the batches of those steps for outliers.",
-                ],
-                fields={"episodes": len(episodes), "spans": spans[:50], "max_rise": round(rise, 3)},
+                fields={"episodes": len(episodes), "length": length, "spans": spans[:50], "max_rise": round(rise, 3)},
             )
         )
     return out
@@ -335,7 +294,7 @@ def _spike_indices(y: np.ndarray) -> list[tuple[int, float, float]]:
     return [(int(j + SPIKE_WINDOW), float(excursion[j] / scale[j]), float(level[j])) for j in np.flatnonzero(hits)]
 
 
-def detect_spikes(ctx: Context) -> list[Finding]:
+def detect_spikes(ctx: Context) -> list[Detection]:
     """Single-step jumps of a loss or grad norm far above its recent level (robust z-score)."""
     out = []
     for curve in matching(ctx, lambda m: is_loss(m) or is_grad_norm(m)):
@@ -361,28 +320,19 @@ def detect_spikes(ctx: Context) -> list[Finding]:
             "advantages); repeated ones mean the learning rate is at the edge of stability."
         )
         out.append(
-            make_finding(
+            detection(
                 ctx,
-                rule="metric-spike",
-                symptom_of=CONSEQUENCE_OF,
-                cls="training_instability",
-                title=f"Spikes in {curve.metric}",
-                severity="warning",
-                layer="script",
+                "metric-spike",
                 curve=curve,
                 steps=(steps[0], steps[-1]),
                 explanation=explanation,
-                remediation=[
-                    "Check the samples of the spike steps (dump them with trainer.rollout_data_dir) for outliers.",
-                    "Keep gradient clipping on; if spikes repeat, lower the learning rate.",
-                ],
                 fields={"spike_steps": steps[:50], "spans": [[s, s] for s in steps[:50]], "max_z": round(worst[1], 1)},
             )
         )
     return out
 
 
-def detect_grad_norm_explosion(ctx: Context) -> list[Finding]:
+def detect_grad_norm_explosion(ctx: Context) -> list[Detection]:
     """A gradient norm that stays an order of magnitude above its early level for several steps."""
     out = []
     for curve in matching(ctx, is_grad_norm):
@@ -408,21 +358,12 @@ def detect_grad_norm_explosion(ctx: Context) -> list[Finding]:
             + " Clipping hides exploding gradients in the loss, so this is often the first sign of divergence."
         )
         out.append(
-            make_finding(
+            detection(
                 ctx,
-                rule="grad-norm-explosion",
-                symptom_of=CONSEQUENCE_OF,
-                cls="training_instability",
-                title=f"{curve.metric} exploded",
-                severity="error" if to_end else "warning",
-                layer="script",
+                "grad-norm-explosion" if to_end else "grad-norm-surge",
                 curve=curve,
                 steps=(int(judged.steps[a]), int(judged.steps[runs[-1][1]])),
                 explanation=explanation,
-                remediation=[
-                    "Lower the learning rate or lengthen its warm-up; keep actor_rollout_ref.actor.grad_clip at 1.0.",
-                    "Look for extreme advantages or rewards in the batches of these steps.",
-                ],
                 fields={"early": early, "peak": peak},
             )
         )
@@ -432,7 +373,7 @@ def detect_grad_norm_explosion(ctx: Context) -> list[Finding]:
 # --- RL-specific ---------------------------------------------------------------------------------
 
 
-def detect_entropy_collapse(ctx: Context) -> list[Finding]:
+def detect_entropy_collapse(ctx: Context) -> list[Detection]:
     """Policy entropy that ends below a tenth of where it started: the policy stopped exploring."""
     curve = pick(ctx, "actor/entropy", "entropy", "policy/entropy_avg")
     if curve is None:
@@ -455,28 +396,18 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
         "no longer explores, rewards stop improving, and it often precedes reward hacking or repetitive outputs."
     )
     return [
-        make_finding(
+        detection(
             ctx,
-            rule="entropy-collapse",
-            symptom_of=CONSEQUENCE_OF,
-            cls="training_instability",
-            title="Policy entropy collapsed",
-            severity="warning",
-            layer="script",
+            "entropy-collapse",
             curve=curve,
             steps=(start, end),
             explanation=explanation,
-            remediation=[
-                "Lower the learning rate; raise the rollout temperature or add an entropy bonus "
-                "(actor_rollout_ref.actor.entropy_coeff).",
-                "Use clip-higher (actor_rollout_ref.actor.clip_ratio_high > clip_ratio_low) to keep exploring.",
-            ],
             fields={"start": start_level, "end": end_level},
         )
     ]
 
 
-def detect_kl_blowup(ctx: Context) -> list[Finding]:
+def detect_kl_blowup(ctx: Context) -> list[Detection]:
     """The policy moving far from the old policy (ppo_kl) or from the reference (kl_loss)."""
     out = []
     for curve in matching(ctx, lambda m: metric_leaf(m) in KL_FLOOR):
@@ -503,22 +434,12 @@ def detect_kl_blowup(ctx: Context) -> list[Finding]:
             )
         )
         out.append(
-            make_finding(
+            detection(
                 ctx,
-                rule="kl-blowup",
-                symptom_of=CONSEQUENCE_OF,
-                cls="training_instability",
-                title=f"KL blow-up in {curve.metric}",
-                severity="warning",
-                layer="script",
+                "kl-blowup",
                 curve=curve,
                 steps=(int(judged.steps[a]), int(judged.steps[b])),
                 explanation=explanation,
-                remediation=[
-                    "Lower the learning rate or ppo_epochs; use a larger ppo_mini_batch_size.",
-                    "Raise actor_rollout_ref.actor.kl_loss_coef (or algorithm.kl_ctrl.kl_coef) if the reference "
-                    "KL grows unchecked; check that rollout and actor use the same weights (weight sync).",
-                ],
                 fields={"early": early, "peak": peak, "limit": limit},
             )
         )
@@ -537,7 +458,7 @@ def _sustained_high(ctx: Context, names: tuple[str, ...], limit: float) -> tuple
     return (curve, judged, level) if level > limit else None
 
 
-def detect_clip_fraction(ctx: Context) -> list[Finding]:
+def detect_clip_fraction(ctx: Context) -> list[Detection]:
     """More than a fifth of the tokens clipped by PPO for most of the run."""
     hit = _sustained_high(ctx, ("actor/pg_clipfrac", "policy/clipfrac_avg"), CLIPFRAC_HIGH)
     if hit is None:
@@ -545,14 +466,9 @@ def detect_clip_fraction(ctx: Context) -> list[Finding]:
     curve, judged, level = hit
     above = np.flatnonzero(judged.values > CLIPFRAC_HIGH)
     return [
-        make_finding(
+        detection(
             ctx,
-            rule="clip-fraction-high",
-            symptom_of=CONSEQUENCE_OF,
-            cls="training_instability",
-            title="PPO clip fraction too high",
-            severity="warning",
-            layer="script",
+            "clip-fraction-high",
             curve=curve,
             steps=(int(judged.steps[above[0]]), int(judged.steps[-1])),
             explanation=(
@@ -560,16 +476,12 @@ def detect_clip_fraction(ctx: Context) -> list[Finding]:
                 f"{CLIPFRAC_HIGH:.0%}): for that share of tokens the update is cut off by the PPO clip, so each "
                 "step moves the policy too far from the one that generated the rollouts."
             ),
-            remediation=[
-                "Lower the learning rate or ppo_epochs, or raise ppo_mini_batch_size so that each update is smaller.",
-                "Check that rollout log-probs match the actor's (same dtype, weights synced every step).",
-            ],
             fields={"median_second_half": level},
         )
     ]
 
 
-def detect_response_clipping(ctx: Context) -> list[Finding]:
+def detect_response_clipping(ctx: Context) -> list[Detection]:
     """Responses that hit max_response_length: truncated answers are scored as wrong or unparsable."""
     hit = _sustained_high(ctx, ("response_length/clip_ratio",), RESPONSE_CLIP_HIGH)
     if hit is None:
@@ -579,13 +491,9 @@ def detect_response_clipping(ctx: Context) -> list[Finding]:
     limit = ctx.config.get("data.max_response_length")
     limit_text = f" (data.max_response_length={limit})" if limit is not None else ""
     return [
-        make_finding(
+        detection(
             ctx,
-            rule="responses-truncated",
-            cls="training_instability",
-            title="Responses hit the maximum length",
-            severity="warning",
-            layer="script",
+            "responses-truncated",
             curve=curve,
             steps=(int(judged.steps[above[0]]), int(judged.steps[-1])),
             explanation=(
@@ -593,17 +501,12 @@ def detect_response_clipping(ctx: Context) -> list[Finding]:
                 "the second half of the run. Truncated answers get no final answer to score, which biases rewards "
                 "and pushes length in whichever direction the reward prefers."
             ),
-            remediation=[
-                "Raise data.max_response_length (and the rollout's max_model_len), or penalise overlong responses "
-                "(e.g. DAPO's overlong reward shaping).",
-                "If lengths grow without bound, check for repetition loops in the dumped generations.",
-            ],
             fields={"median_second_half": level},
         )
     ]
 
 
-def detect_reward_shift(ctx: Context) -> list[Finding]:
+def detect_reward_shift(ctx: Context) -> list[Detection]:
     """A sudden reward collapse, or a sudden reward jump while response length collapses (reward hacking)."""
     reward = pick(ctx, "critic/score/mean", "critic/rewards/mean")
     if reward is None:
@@ -627,16 +530,15 @@ def detect_reward_shift(ctx: Context) -> list[Finding]:
                 f" At the same time response_length/mean fell from {fmt(lcp.before)} to {fmt(lcp.after)} "
                 f"(-{length_drop:.0%}) at step {lj.steps[lcp.index]}."
             )
-    symptom_of: tuple[str, ...] = ()
     if cp.shift < 0:
-        rule, title, symptom_of = "reward-collapse", "Reward collapsed", CONSEQUENCE_OF
+        entry = "reward-collapse"
         explanation = (
             f"{reward.metric} dropped from {fmt(cp.before)} to {fmt(cp.after)} at step {step} "
             f"({cp.strength:.0f}x its step-to-step noise) and stayed down.{length_note} A sudden collapse points to a "
             "broken policy (diverged update, corrupted weights after a bad weight sync) or a broken reward function."
         )
     elif length_drop is not None:
-        rule, title = "reward-hacking", "Reward jumped while responses collapsed"
+        entry = "reward-hacking"
         explanation = (
             f"{reward.metric} jumped from {fmt(cp.before)} to {fmt(cp.after)} at step {step}.{length_note} A "
             "reward that rises suddenly while answers get much shorter usually means the policy found a shortcut "
@@ -645,93 +547,12 @@ def detect_reward_shift(ctx: Context) -> list[Finding]:
     else:
         return []
     return [
-        make_finding(
+        detection(
             ctx,
-            rule=rule,
-            cls="training_instability",
-            title=title,
-            severity="warning",
-            layer="script",
+            entry,
             curve=reward,
             steps=(step, int(judged.steps[-1])),
             explanation=explanation,
-            remediation=[
-                "Read the generations dumped around that step (trainer.rollout_data_dir) next to their rewards.",
-                "Harden the reward function (format checks, length penalties) and resume from before the shift.",
-            ],
             fields={"before": cp.before, "after": cp.after, **({"length_drop": length_drop} if length_drop else {})},
-            symptom_of=symptom_of,
         )
     ]
-
-
-DETECTORS: tuple[Callable[[Context], list[Finding]], ...] = (
-    detect_non_finite,
-    detect_divergence,
-    detect_loss_instability,
-    detect_spikes,
-    detect_grad_norm_explosion,
-    detect_entropy_collapse,
-    detect_kl_blowup,
-    detect_clip_fraction,
-    detect_response_clipping,
-    detect_reward_shift,
-    detect_memory_growth,
-    detect_throughput_regression,
-    detect_slow_rank,
-    detect_stall,
-)
-
-
-def detect(
-    series: pl.DataFrame,
-    events: pl.DataFrame,
-    step_marks: list[tuple[str, int, int]],
-    file_order: dict[str, int],
-    environment: dict[str, Any] | None = None,
-    config: dict[str, Any] | None = None,
-    warnings: list[str] | None = None,
-) -> list[Finding]:
-    """Every detector's findings for one run; a detector that fails is skipped with a warning."""
-    ctx = build_context(series, events, step_marks, file_order, environment, config)
-    out = []
-    for detector in DETECTORS:
-        try:
-            out.extend(detector(ctx))
-        except (ValueError, IndexError, ArithmeticError, pl.exceptions.PolarsError) as exc:
-            if warnings is not None:
-                warnings.append(f"detector {detector.__name__} skipped: {type(exc).__name__}: {exc}")
-    return out
-
-
-def add_detector_findings(findings: list[Finding], detected: list[Finding]) -> list[Finding]:
-    """Rule findings plus detector findings, in time order.
-
-    The `non-finite-loss` rule already caught the first NaN step line; the detector's finding adds the
-    first step and metric to it (and whether training recovered) instead of standing beside it. A NaN
-    that follows a divergence is where the divergence ended, so it becomes its symptom.
-    """
-    out = list(findings)
-    by_rule = [f for f in findings if f.rule == NON_FINITE_RULE]
-    for finding in detected:
-        if finding.rule == "non-finite-metric" and by_rule:
-            target = min(by_rule, key=_sort_key)
-            target.fields.update({k: v for k, v in finding.fields.items() if k != "detector"})
-            target.explanation = finding.explanation
-            target.step = finding.step
-            continue
-        out.append(finding)
-    _nan_after_divergence(out)
-    return sorted(out, key=_sort_key)
-
-
-def _nan_after_divergence(findings: list[Finding]) -> None:
-    diverged = [f for f in findings if f.rule == "loss-divergence" and f.step is not None]
-    for nan in (f for f in findings if f.rule in (NON_FINITE_RULE, "non-finite-metric") and f.step is not None):
-        earlier = [d for d in diverged if d.step < nan.step]
-        if earlier:
-            first = min(earlier, key=lambda d: d.step)
-            nan.symptom_of = (*nan.symptom_of, "training_instability")
-            nan.explanation += (
-                f" It ends the divergence of {first.fields.get('metric')} that began at step {first.step}."
-            )
