@@ -22,6 +22,7 @@ def parse_oom(line: str) -> OomBudget | None:
     """The budget of an OOM line as the analysis gets it: the rule's extracted fields, read by the explain room."""
     return oom_budget(CUDA_OOM.extract_fields([line]))
 
+
 CURRENT_OOM = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.15 GiB. GPU 0 has a total capacity of "
     "39.56 GiB of which 6.80 GiB is free. Including non-PyTorch memory, this process has 36.61 GiB memory in use. "

@@ -115,5 +115,3 @@ def _precursors(root: Finding, findings: list[Finding]) -> list[str]:
                 if key in f.fields:
                     root.fields.setdefault(key, f.fields[key])
     return notes
-
-

@@ -234,5 +234,3 @@ def explain_cuda_oom(finding: Finding, reading: Reading) -> None:
         finding.fields["memory_trend"] = trend
     if trend == "leak":
         finding.remediation = promote(finding.remediation, "grows from step to step")
-
-

@@ -33,7 +33,6 @@ XID_MEANING = {
 }
 
 
-
 def explain_xid(finding: Finding, reading: Reading) -> None:
     code = finding.fields.get("xid")
     if code is not None and str(code).isdigit():
