@@ -18,12 +18,14 @@ from forensics import __version__
 from forensics.batch import ENGINES, BatchError, Settings, find_runs, run_batch
 from forensics.diff import compare
 from forensics.discover import run_name
+from forensics.evaluation import SPLITS, CorpusError, below_floors, evaluate, read_corpus, read_floors
 from forensics.model import severity_rank
 from forensics.package_data import patterns_dir
 from forensics.pipeline import Options, analyze
 from forensics.report.batch_terminal import print_batch_summary
 from forensics.report.diff_html import render_diff_html
 from forensics.report.diff_terminal import print_diff_summary
+from forensics.report.eval_terminal import print_scores
 from forensics.report.html import render_html
 from forensics.report.json_report import format_json, to_json_dict
 from forensics.report.markdown import render_markdown
@@ -277,6 +279,57 @@ def diff_cmd(
         _write(json_out, format_json(doc) + "\n", inputs)
     if not quiet:
         print_diff_summary(doc, Console(stderr=json_out == "-", highlight=False), report_path)
+
+
+@main.command("eval")
+@click.argument("corpus", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--split", type=click.Choice(SPLITS), default="all", show_default=True, help="Which cases to score.")
+@click.option("--json", "json_out", metavar="FILE|-", help="Write the scores and every case's outcome as JSON.")
+@click.option(
+    "--floors",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A YAML file of minimum scores per split (top1, macro_f1, healthy_alarmed_max); exit 1 below them.",
+)
+@click.option(
+    "--patterns",
+    "pattern_dirs",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A folder of extra rules to score with the bundled ones. Repeatable.",
+)
+@click.option("--jobs", type=int, default=0, show_default="one per CPU", help="Cases analysed at once.")
+@click.option("--misses/--no-misses", default=True, show_default=True, help="List every miss with its evidence line.")
+def eval_cmd(
+    corpus: Path,
+    split: str,
+    json_out: str | None,
+    floors: Path | None,
+    pattern_dirs: tuple[Path, ...],
+    jobs: int,
+    misses: bool,
+) -> None:
+    """Score the verdicts on a labelled corpus: CORPUS/manifest.csv and its cases (see corpus/README.md).
+
+    Prints top-1 accuracy, macro-F1, per-class precision and recall, the worst cells of the confusion matrix,
+    the faulty-rank accuracy and the misses with the evidence line the verdict stood on.
+    """
+    try:
+        cases = read_corpus(corpus, split)
+        limits = read_floors(floors, split) if floors else {}
+        with rules_checked():
+            load_rules([patterns_dir(), *pattern_dirs])
+    except CorpusError as exc:
+        raise InputError(str(exc)) from exc
+    if not cases:
+        raise InputError(f"{corpus}: no case in split {split!r}")
+    scores = evaluate(cases, tuple(pattern_dirs), jobs, split)
+    if json_out:
+        _write(json_out, format_json(scores.to_json()) + "\n", [corpus])
+    print_scores(scores, Console(stderr=json_out == "-", highlight=False), show_misses=misses)
+    below = below_floors(scores, limits)
+    if below:
+        click.echo("below the floors: " + "; ".join(below), err=True)
+        sys.exit(1)
 
 
 @main.group("patterns")
