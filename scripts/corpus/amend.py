@@ -32,9 +32,14 @@ def main() -> int:
             for amendment in csv.DictReader(fh):
                 row = rows.get(amendment["id"])
                 classes = [amendment["primary_class"], *filter(None, amendment["secondary_classes"].split(";"))]
-                if row is None or any(c.strip() not in CLASSES for c in classes) or amendment["evidence"] not in (
-                    "log",
-                    "prose",
+                if (
+                    row is None
+                    or any(c.strip() not in CLASSES for c in classes)
+                    or amendment["evidence"]
+                    not in (
+                        "log",
+                        "prose",
+                    )
                 ):
                     refused.append(f"{path.name}: {amendment['id']}")
                     continue

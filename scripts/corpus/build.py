@@ -20,17 +20,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_thread import DEFAULT_RESERVED, reserved_hashes, thread_key, verdict  # noqa: E402
+from check_thread import DEFAULT_RESERVED, reserved_hashes, thread_key, verdict
 
-from forensics.redact import redact  # noqa: E402
-from forensics.rules.model import TAXONOMY  # noqa: E402
+from forensics.redact import redact
+from forensics.rules.model import TAXONOMY
 
 SPLIT_SALT = "forensics-corpus-split-v1:"
 SEALED_SHARE = 4  # one thread in four
 CLASSES = {*TAXONOMY, "healthy", "ray_actor_or_node_died"}
-COLUMNS = [
-    "id", "file", "split", "primary_class", "secondary_classes", "faulty_rank", "evidence", "source_url", "project", "notes"
-]  # fmt: skip
+COLUMNS = ["id", "file", "split", "primary_class", "secondary_classes", "faulty_rank", "evidence"]
+COLUMNS += ["source_url", "project", "notes"]
 FORBIDDEN = ("/work/", "/farm/", "/root/.pyenv")
 
 
