@@ -84,6 +84,7 @@ class TextScanner:
             patterns.extend(_pattern(c.regex, rule=rule) for c in rule.match)
         self.patterns = patterns
         self.rules = rules
+        self.families = [r for r in rules if r.is_family]
         keys = {(s, p.literals.icase) for p in patterns if p.literals is not None for s in p.literals.strings}
         self.finder = literal_finder(keys)
         # literal -> indexes of the patterns that need it; patterns without literals are tried on every line
@@ -192,6 +193,8 @@ class TextScanner:
                     self._within_budget(pattern.rule, where, lambda rule=pattern.rule: self._apply_rule(rule, rec))
                 except TimeoutError:
                     self._disable(pattern.rule, where, f"its regex timed out (over {USER_REGEX_TIMEOUT_S:g} s) on")
+        if rec.kind == "exception" and self.families:
+            self._apply_families(rec)
         if hit.ctx.ts is not None:
             earlier.seen(hit.index, hit.ctx.ts)
         elif rec.rules or rec.level in ("error", "critical"):
@@ -222,6 +225,25 @@ class TextScanner:
             "it was switched off for the rest of this analysis"
         )
         self.disabled.setdefault(rule.id, (where[0], message))
+
+    def _apply_families(self, rec: LineRecord) -> None:
+        """The exception families an exception line belongs to (its innermost class, module, message, frames)."""
+        f = rec.fields
+        cls = f.get("cause") or f["exception"]
+        for family in self.families:
+            if family.id in rec.rules or family.id in self.disabled:
+                continue
+            try:
+                hit = family.exception.matches(
+                    cls, f.get("exception_module", ""), f.get("exception_message", ""), f.get("frames", [])
+                )
+            except TimeoutError:
+                self._disable(
+                    family, (rec.hit.file, rec.hit.line), f"its regex timed out (over {USER_REGEX_TIMEOUT_S:g} s) on"
+                )
+                continue
+            if hit:
+                rec.rules.append(family.id)
 
     @staticmethod
     def _apply_rule(rule: Rule, rec: LineRecord) -> None:

@@ -108,9 +108,14 @@ def test_patterns_overlay_changes_a_detector_finding(tmp_path):
 
 
 def test_a_detector_entry_may_not_carry_match_or_examples(tmp_path):
-    (tmp_path / "loss-divergence.yaml").write_text(OVERRIDE + "match:\n  - regex: 'x'\nexamples: {match: [x]}\n")
+    (tmp_path / "loss-divergence.yaml").write_text(OVERRIDE + "match:\n  - regex: 'x'\n")
     _, errors = load_rules([tmp_path], collect=True)
-    assert {e.key for e in errors} == {"match", "examples"}
+    assert [(e.key, e.message) for e in errors] == [
+        ("detector", "an entry is one of match, detector, exception; this one has match and detector")
+    ]
+    (tmp_path / "loss-divergence.yaml").write_text(OVERRIDE + "examples: {match: [x]}\nextract: {a: '(?P<a>x)'}\n")
+    _, errors = load_rules([tmp_path], collect=True)
+    assert {e.key for e in errors} == {"examples", "extract"}
     assert all("`detector:` replaces `match:`" in e.message for e in errors)
 
 

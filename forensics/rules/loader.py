@@ -15,7 +15,17 @@ import polars as pl
 import regex
 import yaml
 
-from forensics.rules.model import LAYERS, SEVERITIES, TAXONOMY, USER_REGEX_TIMEOUT_S, MatchClause, Rule
+from forensics.line_prefixes import FileContext, attribute
+from forensics.rules.model import (
+    LAYERS,
+    SEVERITIES,
+    TAXONOMY,
+    USER_REGEX_TIMEOUT_S,
+    ExceptionMatch,
+    MatchClause,
+    Rule,
+)
+from forensics.tracebacks import last_exception
 
 ALLOWED_KEYS = {
     "id",
@@ -26,6 +36,7 @@ ALLOWED_KEYS = {
     "description",
     "match",
     "detector",
+    "exception",
     "extract",
     "extract_window",
     "symptom_of",
@@ -36,6 +47,9 @@ ALLOWED_KEYS = {
 }
 REQUIRED_KEYS = ("id", "title", "class", "severity", "layer", "description")
 RULE_ONLY_KEYS = ("match", "examples", "extract", "extract_window")  # a detector's entry has no line to match
+EXCEPTION_KEYS = {"types", "module", "message", "frames"}
+IDENTIFIER = regex.compile(r"^[A-Za-z_]\w*$")
+KINDS = ("match", "detector", "exception")
 CLAUSE_KEYS = {"regex", "followed_by", "window"}
 ID_SHAPE = regex.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 
@@ -168,10 +182,11 @@ class _RuleBuilder:
             self.error("references", "must be a list of strings")
         for key, text in [("title", str(d["title"])), *(("remediation", r) for r in remediation or [])]:
             self.check_template(key, text)
+        family = self.build_exception(d["exception"]) if "exception" in d else None
         if detector:
             clauses, extract, window, ex_match, ex_no = [], {}, 0, [], []
         else:
-            clauses = self.build_clauses(d["match"])
+            clauses = self.build_clauses(d["match"]) if "match" in d else []
             extract = self.check_extract()
             window = self.check_window()
             examples = self.check_examples_block()
@@ -190,6 +205,7 @@ class _RuleBuilder:
             description=str(d["description"]).strip(),
             match=tuple(clauses),
             detector=detector,
+            exception=family,
             extract=dict(extract),
             extract_window=window,
             symptom_of=tuple(symptom_of),
@@ -204,10 +220,14 @@ class _RuleBuilder:
         return None if self.errors else rule
 
     def check_kind(self) -> str:
-        """The detector's name for a detector's entry, "" for a text rule; exactly one of the two."""
+        """The detector's name for a detector's entry, "" for a text rule or an exception family; one kind only."""
         d = self.data
+        kinds = [k for k in KINDS if k in d]
+        if len(kinds) > 1:
+            self.error(kinds[1], f"an entry is one of {', '.join(KINDS)}; this one has {' and '.join(kinds)}")
+            return ""
         if "detector" not in d:
-            for key in ("match", "examples"):
+            for key in ("match" if "exception" not in d else "exception", "examples"):
                 if key not in d:
                     self.error(key, "required key is missing (or give `detector:` for a finding code computes)")
             return ""
@@ -219,6 +239,34 @@ class _RuleBuilder:
             if key in d:
                 self.error(key, "a detector's entry has no lines to match: `detector:` replaces `match:` and examples")
         return detector
+
+    def build_exception(self, raw: Any) -> ExceptionMatch | None:
+        """An exception family's matcher: `types` (innermost exception classes), optional module/message/frames."""
+        if not isinstance(raw, dict):
+            self.error("exception", "must map `types` (and optionally module, message, frames)")
+            return None
+        raw.pop("__lines__", None)
+        unknown = set(raw) - EXCEPTION_KEYS
+        if unknown:
+            self.error("exception", f"unknown keys {sorted(unknown)}; allowed: {sorted(EXCEPTION_KEYS)}")
+        types = _as_str_list(raw.get("types") or [])
+        if not types or not all(IDENTIFIER.match(t) for t in types):
+            self.error("exception", "`types` must list exception class names (ModuleNotFoundError, ...)")
+            return None
+        patterns = {}
+        for key in ("module", "message", "frames"):
+            if key in raw:
+                pattern = raw[key]
+                if not isinstance(pattern, str) or not pattern:
+                    self.error("exception", f"`{key}` must be a non-empty regex string")
+                    continue
+                try:
+                    regex.compile(pattern)
+                except regex.error as exc:
+                    self.error("exception", f"bad {key} regex {pattern!r}: {exc}")
+                    continue
+                patterns[key] = pattern
+        return ExceptionMatch(tuple(types), **patterns)
 
     def check_identity(self) -> None:
         d = self.data
@@ -322,6 +370,12 @@ class _RuleBuilder:
 
     def check_examples(self, rule: Rule) -> None:
         examples = [(True, line) for line in rule.examples_match] + [(False, line) for line in rule.examples_no_match]
+        if rule.exception is not None:
+            for expected, example in examples:
+                if family_fires(rule.exception, example) != expected:
+                    which = "match example does not match" if expected else "no_match example matches"
+                    self.error("examples", f"{which}: {example[:120]!r}")
+            return
         rust = _rust_hits(rule, [line for _, example in examples for line in example.split("\n")])
         for expected, example in examples:
             try:
@@ -336,6 +390,19 @@ class _RuleBuilder:
             if fires != expected:
                 which = "match example does not match" if expected else "no_match example matches"
                 self.error("examples", f"{which}: {example[:120]!r}")
+
+
+def _body(line: str) -> str:
+    return attribute(line, FileContext()).body
+
+
+def family_fires(family: ExceptionMatch, example: str) -> bool:
+    """Whether the last exception of a traceback (printed with any prefixes) belongs to the family."""
+    raised = last_exception(example, _body)
+    if raised is None:
+        return False
+    frames = [f"{f.file}:{f.func}" for f in raised.frames]
+    return family.matches(raised.innermost, raised.module, raised.message, frames)
 
 
 def _rust_hits(rule: Rule, lines: list[str]) -> dict[str, bool]:

@@ -1,8 +1,9 @@
 """The catalogue model: one YAML file per entry, validated strictly.
 
-An entry is a text rule (`match:` regexes, tested by its own examples) or the description of a finding that
-code computes (`detector:` names the code): either way the entry says what the finding is called, its class,
-severity and remediation, so that code only computes and the catalogue describes.
+An entry is a text rule (`match:` regexes, tested by its own examples), an exception family (`exception:` the
+innermost exception's class, message shape and raising frames, tested on example tracebacks), or the description
+of a finding that code computes (`detector:` names the code): either way the entry says what the finding is
+called, its class, severity and remediation, so that code only computes and the catalogue describes.
 """
 
 from __future__ import annotations
@@ -56,6 +57,28 @@ class MatchClause:
 
 
 @dataclass(frozen=True)
+class ExceptionMatch:
+    """An exception family: the innermost exception's class, and optionally its module, message and frames."""
+
+    types: tuple[str, ...]
+    module: str | None = None  # regex on the exception's module (`torch`, `ray.exceptions`)
+    message: str | None = None  # regex searched in the message
+    frames: str | None = None  # regex searched in each raising frame, written `path/to/file.py:function`
+
+    def matches(self, cls: str, module: str, message: str, frames: list[str]) -> bool:
+        if cls not in self.types:
+            return False
+        if self.module is not None and not _compile(self.module).search(module or "", timeout=USER_REGEX_TIMEOUT_S):
+            return False
+        if self.message is not None and not _compile(self.message).search(message or "", timeout=USER_REGEX_TIMEOUT_S):
+            return False
+        if self.frames is not None:
+            pattern = _compile(self.frames)
+            return any(pattern.search(f, timeout=USER_REGEX_TIMEOUT_S) for f in frames)
+        return True
+
+
+@dataclass(frozen=True)
 class Rule:
     id: str
     title: str
@@ -65,6 +88,7 @@ class Rule:
     description: str
     match: tuple[MatchClause, ...]  # empty for a detector's entry
     detector: str = ""  # the code that computes this finding, in place of `match`
+    exception: ExceptionMatch | None = None  # an exception family, in place of `match`
     extract: dict[str, str] = field(default_factory=dict)
     extract_window: int = 0
     symptom_of: tuple[str, ...] = ()
@@ -77,6 +101,10 @@ class Rule:
     @property
     def is_detector(self) -> bool:
         return bool(self.detector)
+
+    @property
+    def is_family(self) -> bool:
+        return self.exception is not None
 
     @property
     def area(self) -> str:

@@ -1,0 +1,90 @@
+"""Python exceptions as printed: the exception line and the frames of the traceback above it.
+
+Shared by the traceback reader (sources/traceback.py), which turns each exception line of a log into an event,
+and by the catalogue, whose exception families are tested on example tracebacks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+# Python prints the exception line at the start of a line; loggers may put a `... file.py:N] ` header first.
+# Exception names in the middle of other text (C++ component logs quoting an `RpcError:`) are not exceptions.
+EXCEPTION_LINE = re.compile(
+    r"^\s*(?:`?\s*|\S[^\]]*\]\s+)(?P<cls>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|KeyboardInterrupt|SystemExit))"
+    r"(?:\((?P<cause>[\w.]+)\))?(?::\s?(?P<msg>.*)|\s*$)"
+)
+FRAME_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+TRACEBACK_HEAD = re.compile(r"Traceback \(most recent call last\)|^\s*During handling of|^\s*The above exception")
+MAX_FRAMES = 40
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    func: str
+
+    def to_json(self) -> dict[str, str | int]:
+        return {"file": self.file, "line": self.line, "func": self.func}
+
+
+@dataclass(frozen=True)
+class RaisedException:
+    """One exception line: its class (without module), module, wrapped cause, message and raising frames."""
+
+    cls: str
+    module: str = ""
+    cause: str = ""  # the X of a wrapper's `RayTaskError(X)`
+    message: str = ""
+    frames: tuple[Frame, ...] = field(default=())  # outermost first, as printed
+
+    @property
+    def innermost(self) -> str:
+        """The class that says what failed: the wrapped cause of a wrapper, else the class itself."""
+        return self.cause or self.cls
+
+
+def parse_exception_line(body: str) -> RaisedException | None:
+    """The exception a line states, or None (warnings are not exceptions)."""
+    m = EXCEPTION_LINE.search(body)
+    if not m or m["cls"].endswith("Warning"):
+        return None
+    return RaisedException(
+        cls=m["cls"].rsplit(".", 1)[-1],
+        module=m["cls"].rpartition(".")[0],
+        cause=(m["cause"] or "").rsplit(".", 1)[-1],
+        message=(m["msg"] or "").strip(),
+    )
+
+
+def frames_above(lines: list[str]) -> tuple[Frame, ...]:
+    """The frames of the traceback that ends just below `lines` (the lines above an exception line, nearest last),
+    up to its `Traceback (most recent call last):` head or an earlier exception of a chain."""
+    found: list[Frame] = []
+    for text in reversed(lines):
+        m = FRAME_LINE.search(text)
+        if m:
+            found.append(Frame(m["file"], int(m["line"]), m["func"]))
+            if len(found) >= MAX_FRAMES:
+                break
+        elif TRACEBACK_HEAD.search(text) or parse_exception_line(text) is not None:
+            break
+    return tuple(reversed(found))
+
+
+def last_exception(text: str, strip: Callable[[str], str] = str.strip) -> RaisedException | None:
+    """The last exception a multi-line text states, with its frames (for testing exception families on examples).
+
+    `strip` removes a line's prefixes (Ray, torchrun, ...) before the exception line is read.
+    """
+    lines = text.split("\n")
+    for i in range(len(lines) - 1, -1, -1):
+        raised = parse_exception_line(strip(lines[i]))
+        if raised is not None:
+            return RaisedException(
+                raised.cls, raised.module, raised.cause, raised.message, frames_above(lines[max(0, i - 200) : i])
+            )
+    return None
