@@ -12,7 +12,8 @@ binary `.log`). Input `i` depends only on (seed, i), so any failure can be repla
 Every input goes through the real CLI (JSON, Markdown, terminal summary; HTML every `--html-every`th)
 in a worker process with a watchdog: an input that runs over `--timeout` seconds is a hang, the worker
 is killed and replaced. A failure is any exit status but 0, an invalid result, markup that escaped into
-the HTML, a report over 5 MB, or any change under the run folder. Failing inputs are kept under `--keep`.
+the HTML, a report over 5 MB, or any change under the run folder (exit status 2 only where the reports say that
+no file could be read). Failing inputs are kept under `--keep`.
 Prints a JSON summary; exits 1 when anything failed.
 """
 
@@ -217,14 +218,23 @@ def check_case(run: Path, html: bool) -> list[str]:
     args += ["-o", str(out / "r.html")] if html else ["--no-html"]
     result = CliRunner().invoke(main, args)
     problems = []
-    if result.exit_code != 0:
+    if result.exit_code not in (0, 2) or (result.exit_code == 2 and not _unreadable(out)):
         trace = "".join(traceback.format_exception(*result.exc_info)) if result.exc_info else result.output
         problems.append(f"exit {result.exit_code}: {trace[-4000:]}")
     if tree_state(run) != before:
         problems.append("the run folder changed")
-    if result.exit_code == 0:
+    if result.exit_code == 0 or _unreadable(out):
         problems += _check_outputs(out, html)
     return problems
+
+
+def _unreadable(out: Path) -> bool:
+    """Exit status 2 is right when no file of the run could be read (the reports say so: inconclusive)."""
+    try:
+        reason = json.loads((out / "r.json").read_text(encoding="utf-8"))["verdict"]["reason"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return bool(reason) and reason["code"] == "unreadable"
 
 
 def _check_outputs(out: Path, html: bool) -> list[str]:
