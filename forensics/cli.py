@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -52,9 +53,6 @@ class Gate(click.ParamType):
     def __init__(self, levels: tuple[str, ...]) -> None:
         self.levels = levels
 
-    def get_metavar(self, param: click.Parameter, *args: object) -> str:
-        return "[" + "|".join(self.levels) + "][," + INCONCLUSIVE + "]"
-
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, ...]:
         if isinstance(value, tuple):
             return value
@@ -71,6 +69,10 @@ def _gates(values: tuple[tuple[str, ...], ...], levels: tuple[str, ...]) -> tupl
     flat = [v for group in values for v in group]
     asked = [v for v in flat if v != INCONCLUSIVE]
     return (min(asked, key=levels.index) if asked else None), INCONCLUSIVE in flat
+
+
+def _at_or_above(level: str) -> tuple[str, ...]:
+    return CHECK_LEVELS[CHECK_LEVELS.index(level) :]
 
 
 class Forensics(click.Group):
@@ -148,17 +150,18 @@ def _analysis(paths: list[Path], options: Options | None = None) -> Analysis:
         raise InputError(str(exc)) from exc
 
 
-def _exit_for(result: Analysis, fail_on: tuple[tuple[str, ...], ...]) -> int:
-    """The exit status of an analysis: 2 when no file could be read, 1 when a --fail-on gate trips, else 0."""
+def _exit_for(
+    result: Analysis, fail_on: tuple[tuple[str, ...], ...], levels: tuple[str, ...], reached: Callable[[str], bool]
+) -> int:
+    """2 when no file of the run could be read, 1 when a --fail-on gate trips (`reached(level)`: something is at
+    or above that level), else 0."""
     reason = result.verdict.reason
     if reason is not None and reason.code == "unreadable":
         return EXIT_INPUT
-    level, on_inconclusive = _gates(fail_on, SEVERITIES)
+    level, on_inconclusive = _gates(fail_on, levels)
     if on_inconclusive and result.verdict.status == INCONCLUSIVE:
         return EXIT_GATE
-    if level and any(severity_rank(f.severity) >= severity_rank(level) for f in result.findings):
-        return EXIT_GATE
-    return 0
+    return EXIT_GATE if level and reached(level) else 0
 
 
 def rule_and_redaction_options(command):
@@ -195,6 +198,7 @@ def main() -> None:
     "--fail-on",
     type=Gate(SEVERITIES),
     multiple=True,
+    metavar="SEVERITY[,inconclusive]",
     help="Exit 1 when a finding is at or above this severity, and/or (`inconclusive`) when nothing could be said.",
 )
 @rule_and_redaction_options
@@ -247,7 +251,8 @@ def analyze_cmd(
         timings["total"] = result.timings.get("total", 0.0) + timings["report"]
         for stage, seconds in timings.items():
             console.print(f"[dim]{stage:>10}: {seconds:8.3f} s[/]")
-    sys.exit(_exit_for(result, fail_on))
+    findings = [severity_rank(f.severity) for f in result.findings]
+    sys.exit(_exit_for(result, fail_on, SEVERITIES, lambda level: any(r >= severity_rank(level) for r in findings)))
 
 
 @main.command("check")
@@ -257,6 +262,7 @@ def analyze_cmd(
     "--fail-on",
     type=Gate(CHECK_LEVELS),
     multiple=True,
+    metavar="warn|fail[,inconclusive]",
     help="Exit 1 when a check is at or above this status (warn, fail), and/or (`inconclusive`) when nothing was read.",
 )
 @rule_and_redaction_options
@@ -276,14 +282,8 @@ def check_cmd(
         _write(json_out, format_json(doc) + "\n", inputs)
     if json_out != "-":
         print_checks(doc, make_console())
-    reason = result.verdict.reason
-    if reason is not None and reason.code == "unreadable":
-        sys.exit(EXIT_INPUT)
-    level, on_inconclusive = _gates(fail_on, CHECK_LEVELS)
-    if on_inconclusive and result.verdict.status == INCONCLUSIVE:
-        sys.exit(EXIT_GATE)
-    if level and any(c["status"] in CHECK_LEVELS[CHECK_LEVELS.index(level) :] for c in doc["checks"]):
-        sys.exit(EXIT_GATE)
+    statuses = {c["status"] for c in doc["checks"]}
+    sys.exit(_exit_for(result, fail_on, CHECK_LEVELS, lambda level: bool(statuses & set(_at_or_above(level)))))
 
 
 @main.command("batch")
@@ -302,6 +302,7 @@ def check_cmd(
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0),
+    metavar="SECONDS",
     default=BATCH_TIMEOUT_S,
     show_default=True,
     help="Seconds one run's analysis may take before it is stopped (an `error` row); 0 for no limit.",

@@ -32,6 +32,14 @@ def _every_command(run: Path, out: Path) -> list[list[str]]:
     ]
 
 
+@pytest.mark.parametrize(
+    "command", ["analyze", "check", "batch", "diff", "eval", "patterns list", "patterns lint", "patterns test"]
+)
+def test_every_command_has_help(command: str):
+    result = CliRunner().invoke(main, [*command.split(), "--help"], prog_name="forensics")
+    assert result.exit_code == 0 and result.output.startswith(f"Usage: forensics {command} "), result.output
+
+
 def test_bad_usage_exits_2_for_every_command(tmp_path: Path):
     for args in _every_command(EXAMPLE, tmp_path / "out"):
         result = _run(*args, "--no-such-option")
