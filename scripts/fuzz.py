@@ -44,6 +44,7 @@ from tests.hostile import tree_state  # noqa: E402
 SEED_RUNS = sorted(p for p in (REPO / "tests" / "fixtures" / "runs").iterdir() if p.is_dir()) + sorted(
     p for p in (REPO / "examples").iterdir() if p.is_dir()
 )
+STARTUP_S = 300  # a worker's imports and rules; not part of any input's time
 REPORT_LIMIT_BYTES = 5 * 1024**2
 MAX_INPUT_BYTES = 8 * 1024**2  # per mutated file: size is not what this fuzzes (tests/test_hostile_inputs.py is)
 MARKUP = "<script>window.FUZZ_XSS=1</script>"
@@ -261,6 +262,7 @@ def _worker(conn: Connection) -> None:
 
     catalogue = forensics.pipeline.load_catalogue([])
     forensics.pipeline.load_catalogue = lambda overlays, text_rules=True: catalogue
+    conn.send("ready")  # an input's time starts now, not while the worker imports (seconds on a busy machine)
     while True:
         task = conn.recv()
         if task is None:
@@ -283,6 +285,11 @@ class _Worker:
         self.task: tuple[int, Path, list[str]] | None = None
         self.deadline = 0.0
 
+    def wait_ready(self) -> _Worker:
+        if not self.conn.poll(STARTUP_S) or self.conn.recv() != "ready":
+            raise RuntimeError(f"a fuzz worker did not start within {STARTUP_S} s")
+        return self
+
     def give(self, index: int, run: Path, applied: list[str], html: bool, timeout: float) -> None:
         self.task = (index, run, applied)
         self.deadline = time.monotonic() + timeout
@@ -304,6 +311,8 @@ def fuzz(count: int, seed: int, workers: int, timeout: float, html_every: int, k
     ctx = mp.get_context("spawn")
     root = Path(tempfile.mkdtemp(prefix="forensics-fuzz-"))
     pool = [_Worker(ctx) for _ in range(workers)]
+    for w in pool:
+        w.wait_ready()
     failures: list[dict] = []
     mutations: Counter[str] = Counter()
     slowest = (0.0, -1)
@@ -339,7 +348,7 @@ def fuzz(count: int, seed: int, workers: int, timeout: float, html_every: int, k
                 elif time.monotonic() > w.deadline:
                     fail(index, run, applied, [f"hang: no result within {timeout:g} s"])
                     w.kill()
-                    pool[i] = w = _Worker(ctx)
+                    pool[i] = w = _Worker(ctx).wait_ready()
                 else:
                     continue
                 w.task = None
