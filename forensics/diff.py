@@ -235,6 +235,7 @@ def _side(a: Analysis) -> dict[str, Any]:
         "path": a.run_path,
         "status": a.verdict.status,
         "summary": a.verdict.summary,
+        "reason": a.verdict.reason.to_json() if a.verdict.reason else None,
         "steps": int(steps.max()) if steps.len() else 0,
         "files": len(a.files),
         "root_cause": None,
@@ -255,6 +256,13 @@ def _side(a: Analysis) -> dict[str, Any]:
 
 def _failure_clause(a: dict[str, Any], b: dict[str, Any]) -> str:
     ra, rb = a["root_cause"], b["root_cause"]
+    unsure = [
+        f"{label} ({side['reason']['code'].replace('_', ' ')})"
+        for label, side in (("A", a), ("B", b))
+        if side["reason"]
+    ]
+    if unsure:  # nothing read is not healthy: no comparison of failures can stand on it
+        return f"no verdict for {' and '.join(unsure)}"
     if ra is None and rb is None:
         return "both runs are healthy"
     if ra is None:

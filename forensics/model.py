@@ -36,6 +36,11 @@ SERIES_SCHEMA: dict[str, pl.DataType] = {
 MESSAGE_CAP = 2000
 FAR_FUTURE = datetime(9999, 1, 1, tzinfo=timezone.utc)  # where a finding without a time sorts
 SEVERITIES = ("info", "warning", "error", "critical")
+# `inconclusive`: too little was read to say (empty, unreadable, no training output, stopped without a cause)
+STATUSES = ("failed", "degraded", "healthy", "inconclusive")
+# empty: nothing to read; unreadable: no file could be opened (exit status 2); not_run_output: only
+# documentation, source code or binaries; interrupted: stopped by hand with no failure in the logs
+INCONCLUSIVE_CODES = ("empty", "unreadable", "not_run_output", "interrupted")
 
 
 def severity_rank(severity: str) -> int:
@@ -126,14 +131,26 @@ class Symptom:
         }
 
 
+@dataclass(frozen=True)
+class Inconclusive:
+    """Why a run gets no verdict: `code` for gates and tables, `text` for people."""
+
+    code: str  # one of INCONCLUSIVE_CODES
+    text: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"code": self.code, "text": self.text}
+
+
 @dataclass
 class Verdict:
-    status: str  # failed | degraded | healthy
+    status: str  # one of STATUSES
     root_cause: Finding | None
     confidence: float
     symptoms: list[Symptom]
     candidates: list[Finding]
     summary: str
+    reason: Inconclusive | None = None  # set exactly when the status is `inconclusive`
 
     def to_json(self) -> dict[str, Any]:
         root = None
@@ -158,6 +175,7 @@ class Verdict:
         return {
             "status": self.status,
             "summary": self.summary,
+            "reason": self.reason.to_json() if self.reason else None,
             "root_cause": root,
             "symptoms": [s.to_json() for s in self.symptoms],
             "candidates": [{"class": c.cls, "rule": c.rule, "rank": c.rank, "host": c.host} for c in self.candidates],

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forensics.analyses.checks import health_checks
+from forensics.analyses.coverage import nothing_read
 from forensics.analyses.diagnosis import build_findings, diagnose
 from forensics.analyses.dynamics import detect, dynamics_findings
 from forensics.analyses.enrich import enrich
@@ -16,7 +17,7 @@ from forensics.analyses.flight_recorder import flight_recorder_detections
 from forensics.analyses.ray_cluster import ray_summary
 from forensics.analyses.traces import review_traces
 from forensics.catalogue import Catalogue
-from forensics.discover import SKIPPED, TEXT_LOG, RunFile, discover, quiet_small_files
+from forensics.discover import SKIPPED, TEXT_LOG, Run, RunFile, discover, quiet_small_files
 from forensics.model import Analysis, FileReport, Finding
 from forensics.package_data import patterns_dir
 from forensics.rules import load_rules
@@ -128,7 +129,11 @@ def analyze(paths: list[Path], options: Options | None = None) -> Analysis:
     options = options or Options()
     return_freed_buffers_to_the_os()
     clock = _Clock()
-    run = discover(paths)
+    with discover(paths) as run:  # an archive's members live in a private folder until this ends
+        return _analyse(run, paths, options, clock)
+
+
+def _analyse(run: Run, paths: list[Path], options: Options, clock: _Clock) -> Analysis:
     clock.lap("discover")
 
     # only text logs need the rules and the scanner: a run of traces and structured files is spared them
@@ -155,7 +160,7 @@ def analyze(paths: list[Path], options: Options | None = None) -> Analysis:
     environment = {**read.environment, **traces.environment}
     clock.lap("findings")
 
-    verdict = diagnose(events, findings, read.marks, series, cluster)
+    verdict = diagnose(events, findings, read.marks, series, cluster, unread=nothing_read(read.reports))
     clock.lap("diagnose")
 
     checks = health_checks(events, series, findings, read.config, environment)

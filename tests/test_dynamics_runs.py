@@ -61,9 +61,9 @@ def test_check_command_prints_the_checklist():
 
     from forensics.cli import main
 
-    result = CliRunner().invoke(main, ["check", str(RUNS / "slow_rank"), "--json"])
+    result = CliRunner().invoke(main, ["check", str(RUNS / "slow_rank"), "--json", "-"])
     assert result.exit_code == 0, result.output
-    checks = {c["name"]: c for c in json.loads(result.output)}
+    checks = {c["name"]: c for c in json.loads(result.output)["checks"]}
     assert checks["Throughput stability"]["status"] == "warn"
     assert checks["NVIDIA driver"]["value"] == "580.159.04"
     table = CliRunner().invoke(main, ["check", str(RUNS / "healthy")])

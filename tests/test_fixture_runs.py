@@ -29,6 +29,8 @@ def run(request) -> tuple[dict, dict]:
 def test_status(run):
     expected, doc = run
     assert doc["verdict"]["status"] == expected["status"]
+    reason = doc["verdict"]["reason"]
+    assert (reason["code"] if reason else None) == expected.get("reason"), "why there is no verdict"
 
 
 def test_root_cause_class_rank_and_evidence(run):

@@ -37,6 +37,7 @@ from forensics.scan import TextScanner
 from forensics.sources import line_extractors
 from tests.conftest import REPO
 from tests.hostile import OOM_LINE, nccl_info_lines, tree_state, write_gzip_bomb
+from tests.schemas import validate
 
 FLOOD_LINES = int(os.environ.get("FORENSICS_FLOOD_LINES", "200000"))  # the one-off long run uses 10,000,000
 REPORT_LIMIT_BYTES = 5 * 1024**2
@@ -45,7 +46,7 @@ REPORT_LIMIT_BYTES = 5 * 1024**2
 def _json(run: Path) -> dict:
     result = CliRunner().invoke(main, ["analyze", str(run), "--no-html", "--json", "-", "-q"])
     assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+    return validate(json.loads(result.stdout))
 
 
 def _file(doc: dict, path: str) -> dict:

@@ -19,11 +19,12 @@ from typing import Any
 import polars as pl
 
 from forensics.analyses.collectives import op_mismatches, rank_waits
+from forensics.analyses.coverage import interrupted
 from forensics.analyses.explain import Reading, explain
 from forensics.analyses.ray_cluster import RayCluster
 from forensics.analyses.story import tell
 from forensics.catalogue import Catalogue, Detection
-from forensics.model import FAR_FUTURE, Evidence, Finding, Symptom, Verdict, empty_series, severity_rank
+from forensics.model import FAR_FUTURE, Evidence, Finding, Inconclusive, Symptom, Verdict, empty_series, severity_rank
 
 MAX_EVIDENCE = 5
 WRAPPER_EXCEPTIONS = {
@@ -236,9 +237,17 @@ def diagnose(
     step_marks: list[tuple[str, int, int]],
     series: pl.DataFrame | None = None,
     cluster: RayCluster | None = None,
+    unread: Inconclusive | None = None,
 ) -> Verdict:
-    """The first domino among the findings, its story, and what it explains."""
+    """The first domino among the findings, its story, and what it explains.
+
+    Without findings the run is healthy only when something was read (`unread` says why not) and it was not
+    stopped by hand: nothing read is not healthy (analyses/coverage.py).
+    """
     if not findings:
+        reason = unread or interrupted(events, step_marks)
+        if reason is not None:
+            return Verdict("inconclusive", None, 0.0, [], [], reason.text, reason)
         return Verdict("healthy", None, 0.9, [], [], "No failure signature found.")
     reading = Reading(
         series if series is not None else empty_series(),

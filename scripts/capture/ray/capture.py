@@ -17,6 +17,9 @@ Scenarios (default: all, in this order):
                        is SIGKILLed (by PID) after step 5
   ray_node_hang        same two nodes; after step 5 every process of the second node is
                        SIGSTOPped (a node that hangs / drops off the network)
+  ray_hang_interrupt   WorkerDict rank 1 blocks forever in update_actor at step 6; after
+                       --hang-s seconds (default 600) without progress the driver's process
+                       group gets SIGINT, as Ctrl-C in its terminal sends (KeyboardInterrupt)
 
 For each scenario, under <out>/<scenario>/:
   driver.log                         stdout+stderr of the driver (python main_ppo.py ...)
@@ -55,6 +58,7 @@ SCENARIOS = [
     "ray_config_error",
     "ray_node_died",
     "ray_node_hang",
+    "ray_hang_interrupt",
 ]
 SHORT = {
     "ray_healthy": "h",
@@ -63,7 +67,9 @@ SHORT = {
     "ray_config_error": "cfg",
     "ray_node_died": "n",
     "ray_node_hang": "n",
+    "ray_hang_interrupt": "hi",
 }
+HANG_S = 600
 GIB = 1024**3
 
 
@@ -195,6 +201,57 @@ def run_single_node(scenario, outdir, meta, steps=20, fault=None, extra_env=None
         proc = subprocess.Popen(cmd, cwd=outdir, env=env, stdout=f, stderr=subprocess.STDOUT)
         try:
             rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = "timeout"
+    meta["driver_exit_code"] = rc
+    meta["driver_wall_s"] = round(time.time() - t0, 1)
+    time.sleep(1)
+    meta["leftover_killed"] = kill_tagged(scenario, [temp_dir])
+    meta["session_logs"] = copy_session_logs(temp_dir, os.path.join(outdir, "ray_session"))
+    return rc
+
+
+def scenario_hang_interrupt(scenario, outdir, meta, hang_step=6):
+    """A worker deadlocks at `hang_step`; after HANG_S seconds the user presses Ctrl-C in the driver's terminal."""
+    temp_dir = os.path.join(TMP_ROOT, SHORT[scenario])
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    env = base_env(scenario)
+    env_over = {"FORENSICS_FAULT": f"hang@{hang_step}:1"}
+    env.update(env_over)
+    overrides = [
+        "trainer.total_training_steps=20",
+        "ray_kwargs.ray_init.num_cpus=2",
+        "+ray_kwargs.ray_init.address=local",
+        f"+ray_kwargs.ray_init._temp_dir={temp_dir}",
+    ]
+    cmd = driver_cmd(overrides)
+    meta.update(cmd=cmd, env_overrides=env_over, temp_dir=temp_dir, hang_s=HANG_S)
+    log(f"{scenario}: {' '.join(cmd[1:])}  env={env_over}")
+    t0 = time.time()
+    dlog = os.path.join(outdir, "driver.log")
+    with open(dlog, "wb") as f:
+        # its own process group, as a shell gives a foreground job: Ctrl-C signals the whole group. SIGINT is
+        # set back to its default: a capture started in the background (`nohup ... &`) inherits it ignored,
+        # and Python then never raises KeyboardInterrupt.
+        proc = subprocess.Popen(
+            cmd,
+            cwd=outdir,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        if wait_for_line(dlog, f"step:{hang_step - 1} - ", proc, timeout=240):
+            time.sleep(HANG_S)
+            meta["interrupted_at_s"] = round(time.time() - t0, 1)
+            log(f"{scenario}: SIGINT to the driver's process group {proc.pid}")
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            meta["trigger"] = "step line not seen"
+        try:
+            rc = proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             proc.kill()
             rc = "timeout"
@@ -382,6 +439,8 @@ def run_scenario(scenario, out_root):
             scenario_node_died(scenario, outdir, meta, mode="kill")
         elif scenario == "ray_node_hang":
             scenario_node_died(scenario, outdir, meta, mode="freeze")
+        elif scenario == "ray_hang_interrupt":
+            scenario_hang_interrupt(scenario, outdir, meta)
         else:
             raise SystemExit(f"unknown scenario {scenario}")
     finally:
@@ -398,10 +457,13 @@ def run_scenario(scenario, out_root):
 
 
 def main():
+    global HANG_S
     ap = argparse.ArgumentParser()
     ap.add_argument("scenarios", nargs="*", default=SCENARIOS)
     ap.add_argument("--out", default=os.path.expanduser("~/forensics-captures/ray"))
+    ap.add_argument("--hang-s", type=float, default=HANG_S, help="ray_hang_interrupt: seconds before Ctrl-C")
     args = ap.parse_args()
+    HANG_S = args.hang_s
     os.makedirs(TMP_ROOT, exist_ok=True)
     for s in args.scenarios:
         run_scenario(s, args.out)

@@ -17,6 +17,8 @@ workers inherit from the raylet (it is set before the cluster starts):
                           (256 MiB chunks, capped by FORENSICS_OOM_CAP_MB, and it
                           stops early if available memory drops below
                           FORENSICS_OOM_MIN_AVAIL_MB) until Ray's memory monitor kills it
+  hang@<step>[:rank]      WorkerDict <rank> blocks forever inside update_actor (a deadlock:
+                          nothing dies, nothing is logged; capture.py interrupts the driver)
 Config errors are injected through Hydra overrides (see capture.py).
 """
 
@@ -25,6 +27,7 @@ import pprint as _pprint_mod
 import random
 import socket
 import string
+import threading
 import time
 from pprint import pprint
 
@@ -141,6 +144,8 @@ def create_colocated_worker_cls():
                     os.kill(os.getpid(), 9)
                 elif kind == "oom":
                     self._grow_memory()
+                elif kind == "hang":
+                    threading.Event().wait()  # never set: the worker waits as in a deadlocked collective
             time.sleep(0.2)
             import psutil
 
