@@ -43,6 +43,7 @@ def _finding_at(result, line: int):
     return next(f for f in result.findings if f.evidence[0].line == line)
 
 
+@pytest.mark.parametrize("prefix", ["", "(TaskRunner pid=900) ", "[rank0]: "])
 @pytest.mark.parametrize(
     ("inner", "root", "wrapper"),
     [
@@ -50,8 +51,8 @@ def _finding_at(result, line: int):
         (TORCH_OOM, ("cuda_oom", "cuda-oom"), ("cuda_oom", "out-of-memory-error")),
     ],
 )
-def test_a_ray_wrapper_is_the_out_of_memory_error_its_printout_ends_with(tmp_path, inner, root, wrapper):
-    result = _run(tmp_path, [WRAPPER, *REMOTE_FRAMES, inner])
+def test_a_ray_wrapper_is_the_out_of_memory_error_its_printout_ends_with(tmp_path, prefix, inner, root, wrapper):
+    result = _run(tmp_path, [prefix + line for line in (WRAPPER, *REMOTE_FRAMES, inner)])
     got = result.verdict.root_cause
     assert got is not None and (got.cls, got.rule) == root and got.evidence[0].line == 5
     assert (_finding_at(result, 1).rule, _finding_at(result, 1).cls) == (wrapper[1], wrapper[0])
