@@ -85,6 +85,7 @@ class TextScanner:
         self.patterns = patterns
         self.rules = rules
         self.families = [r for r in rules if r.is_family]
+        self._class_of = {r.id: r.cls for r in rules}
         keys = {(s, p.literals.icase) for p in patterns if p.literals is not None for s in p.literals.strings}
         self.finder = literal_finder(keys)
         # literal -> indexes of the patterns that need it; patterns without literals are tried on every line
@@ -227,16 +228,26 @@ class TextScanner:
         self.disabled.setdefault(rule.id, (where[0], message))
 
     def _apply_families(self, rec: LineRecord) -> None:
-        """The exception families an exception line belongs to (its innermost class, module, message, frames)."""
+        """The exception families an exception line belongs to (its innermost class, module, message, frames).
+
+        A family whose class a text rule already named on the line adds nothing (the text rule is the more
+        specific reading, with the values it extracts). A wrapper (`RayTaskError(X)`) is matched as X, with the
+        module and message of X's own line when its printout shows it, and none otherwise: the wrapper's module
+        and message say nothing about X.
+        """
+        named = {self._class_of.get(rule_id) for rule_id in rec.rules}
         f = rec.fields
         cls = f.get("cause") or f["exception"]
+        module, message = (
+            (f.get("cause_module", ""), f.get("cause_message", ""))
+            if f.get("cause")
+            else (f.get("exception_module", ""), f.get("exception_message", ""))
+        )
         for family in self.families:
-            if family.id in rec.rules or family.id in self.disabled:
+            if family.id in rec.rules or family.id in self.disabled or family.cls in named:
                 continue
             try:
-                hit = family.exception.matches(
-                    cls, f.get("exception_module", ""), f.get("exception_message", ""), f.get("frames", [])
-                )
+                hit = family.exception.matches(cls, module, message, f.get("frames", []))
             except TimeoutError:
                 self._disable(
                     family, (rec.hit.file, rec.hit.line), f"its regex timed out (over {USER_REGEX_TIMEOUT_S:g} s) on"

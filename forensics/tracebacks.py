@@ -12,13 +12,15 @@ from dataclasses import dataclass, field
 
 # Python prints the exception line at the start of a line; loggers may put a `... file.py:N] ` header first.
 # Exception names in the middle of other text (C++ component logs quoting an `RpcError:`) are not exceptions.
+# IPython (notebooks) prints the class alone in the traceback's head line: `OutOfMemoryError    Traceback (...)`.
 EXCEPTION_LINE = re.compile(
-    r"^\s*(?:`?\s*|\S[^\]]*\]\s+)(?P<cls>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|KeyboardInterrupt|SystemExit))"
-    r"(?:\((?P<cause>[\w.]+)\))?(?::\s?(?P<msg>.*)|\s*$)"
+    r"^\s*(?:`?\s*|\S[^\]]*\]\s+)(?P<cls>(?:[A-Za-z_]\w*\.)*(?:_?[A-Z]\w*(?:Error|Exception)|Exception|KeyboardInterrupt|SystemExit))"
+    r"(?:\((?P<cause>[\w.]+)\))?(?::\s?(?P<msg>.*)|\s*$|\s{2,}Traceback \(most recent call last\))"
 )
 FRAME_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 TRACEBACK_HEAD = re.compile(r"Traceback \(most recent call last\)|^\s*During handling of|^\s*The above exception")
 MAX_FRAMES = 40
+_IN_PRINTOUT = re.compile(r"Traceback \(most recent call last\)|During handling of|The above exception|ray::|\^+\s*$")
 
 
 @dataclass(frozen=True)
@@ -40,11 +42,23 @@ class RaisedException:
     cause: str = ""  # the X of a wrapper's `RayTaskError(X)`
     message: str = ""
     frames: tuple[Frame, ...] = field(default=())  # outermost first, as printed
+    cause_module: str = ""  # a wrapper's: the module and message of the X line its printout ends with, if seen
+    cause_message: str = ""
 
     @property
     def innermost(self) -> str:
         """The class that says what failed: the wrapped cause of a wrapper, else the class itself."""
         return self.cause or self.cls
+
+    @property
+    def innermost_module(self) -> str:
+        """The module of the innermost exception; "" for a wrapper whose cause's own line was not seen (the
+        wrapper's module, `ray.exceptions`, says nothing about what it wraps)."""
+        return self.cause_module if self.cause else self.module
+
+    @property
+    def innermost_message(self) -> str:
+        return self.cause_message if self.cause else self.message
 
 
 def parse_exception_line(body: str) -> RaisedException | None:
@@ -58,6 +72,24 @@ def parse_exception_line(body: str) -> RaisedException | None:
         cause=(m["cause"] or "").rsplit(".", 1)[-1],
         message=(m["msg"] or "").strip(),
     )
+
+
+def wrapped_exception(
+    cause: str, lines_after: list[str], strip: Callable[[str], str] = str.rstrip
+) -> RaisedException | None:
+    """The line of the `cause` exception that a wrapper's printout (the lines after `RayTaskError(cause)`) ends
+    with: Ray prints the remote traceback below the wrapper, down to the task's own exception line. The printout
+    is frames, code and caret lines, chained exceptions and nested task headers; any other line ends it.
+    `strip` removes a line's prefixes (Ray, torchrun, ...) and keeps the indentation after them."""
+    for text in lines_after:
+        body = strip(text)
+        raised = parse_exception_line(body)
+        if raised is not None:
+            if raised.cls == cause and not raised.cause:
+                return raised
+        elif body and not body[0].isspace() and not _IN_PRINTOUT.match(body):
+            return None
+    return None
 
 
 def frames_above(lines: list[str]) -> tuple[Frame, ...]:

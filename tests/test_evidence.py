@@ -147,7 +147,7 @@ def test_innermost_ray_task_is_named_with_its_host(tmp_path):
         ],
     )
     root = result.verdict.root_cause
-    assert root is not None and root.rule == "ray-wrapped-oom"
+    assert root is not None and root.rule == "out-of-memory-error"  # no remote traceback: taken for torch's
     assert root.evidence[0].line == 4 and root.host == "10.0.0.7"
     assert "WorkerDict.actor_rollout_update_actor (pid 22 on 10.0.0.7)" in root.explanation
     assert "re-raised by TaskRunner.run" in root.explanation
@@ -169,7 +169,10 @@ def test_host_oom_explains_the_wrapped_oom_and_the_dead_actor(tmp_path):
     )
     v = result.verdict
     assert v.root_cause is not None and v.root_cause.cls == "host_oom"
-    assert {s.cls for s in v.symptoms} == {"cuda_oom", "ray_actor_died"}
+    # the wrapper's printout ends with Ray's OutOfMemoryError: a host-memory kill, not a CUDA OOM symptom
+    assert {s.cls for s in v.symptoms} == {"host_oom", "ray_actor_died"}
+    wrapper = next(f for f in result.findings if f.evidence[0].line == 1)
+    assert (wrapper.rule, wrapper.cls) == ("ray-out-of-memory-error", "host_oom")
     assert "59.84 GB of 62.51 GB" in v.root_cause.explanation and v.root_cause.host == "10.0.0.1"
 
 

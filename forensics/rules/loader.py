@@ -402,7 +402,7 @@ def family_fires(family: ExceptionMatch, example: str) -> bool:
     if raised is None:
         return False
     frames = [f"{f.file}:{f.func}" for f in raised.frames]
-    return family.matches(raised.innermost, raised.module, raised.message, frames)
+    return family.matches(raised.innermost, raised.innermost_module, raised.innermost_message, frames)
 
 
 def _rust_hits(rule: Rule, lines: list[str]) -> dict[str, bool]:

@@ -8,16 +8,18 @@ can name the class from the exception itself.
 
 from __future__ import annotations
 
+from forensics.line_prefixes import attribute
 from forensics.sources.base import LineExtractor, LineRecord, Sink
-from forensics.tracebacks import frames_above, parse_exception_line
+from forensics.tracebacks import frames_above, parse_exception_line, wrapped_exception
 
 SOURCE = "python"
 TRIGGER = (
-    r"(?:^|[\s:\]|])(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|KeyboardInterrupt|SystemExit)"
-    r"(?:\([\w.]+\))?(?::|\s*$)"
+    r"(?:^|[\s:\]|])(?:[A-Za-z_]\w*\.)*(?:_?[A-Z]\w*(?:Error|Exception)|Exception|KeyboardInterrupt|SystemExit)"
+    r"(?:\([\w.]+\))?(?::|\s*$|\s{2,}Traceback \(most recent call last\))"
 )
 FRAMES_LOOKBACK = 120  # lines above an exception searched for its traceback's frames
 FRAMES_KEPT = 20  # the innermost frames kept in the event
+WRAPPED_LOOKAHEAD = 200  # lines below a wrapper searched for the exception line of what it wraps
 
 
 def _handle_exception(rec: LineRecord, sink: Sink) -> None:
@@ -31,6 +33,12 @@ def _handle_exception(rec: LineRecord, sink: Sink) -> None:
     rec.fields["exception_module"] = raised.module
     if raised.cause:
         rec.fields["cause"] = raised.cause
+        inner = wrapped_exception(
+            raised.cause, rec.hit.following(WRAPPED_LOOKAHEAD), lambda text: attribute(text, rec.hit.fctx).body
+        )
+        if inner is not None:
+            rec.fields["cause_module"] = inner.module
+            rec.fields["cause_message"] = inner.message[:500]
     if raised.message:
         rec.fields["exception_message"] = raised.message[:500]
     frames = frames_above(rec.hit.preceding(FRAMES_LOOKBACK))

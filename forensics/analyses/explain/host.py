@@ -1,4 +1,4 @@
-"""The host: Ray's memory-monitor numbers for a host OOM, and what a SIGKILL without a reason leaves to read."""
+"""The host: Ray's memory-monitor numbers for a host OOM, and what a kill without a reason leaves to read."""
 
 from __future__ import annotations
 
@@ -7,13 +7,24 @@ import polars as pl
 from forensics.analyses.explain.context import Reading
 from forensics.model import Finding
 
+SIGKILL_SENDERS = (
+    "SIGKILL comes from outside the process - the kernel OOM killer, a scheduler's memory or time limit, or an "
+    "operator - and leaves no traceback; these logs do not say which: read the host's kernel log (dmesg)."
+)
+TERMINATION = (
+    "A process ended by SIGTERM or SIGABRT, stopped by its launcher or gone from under its executor usually "
+    "follows another failure: launchers terminate the other ranks once one has failed, the NCCL watchdog and an "
+    "uncaught C++ exception abort the process, a scheduler terminates a job at its time limit. Nothing earlier in "
+    "these logs says which: read the failed rank's own stderr and the scheduler's records."
+)
+
 
 def explain_process_killed(finding: Finding, reading: Reading) -> None:
-    """A SIGKILL with no OOM line: quote the host memory the run reported, if any."""
-    finding.explanation = (
-        "SIGKILL comes from outside the process - the kernel OOM killer, a scheduler's memory or time limit, or an "
-        "operator - and leaves no traceback; these logs do not say which: read the host's kernel log (dmesg)."
-    )
+    """A kill with no cause in the logs: who sends such a signal, and the host memory the run reported, if any."""
+    if finding.rule != "process-sigkill":
+        finding.explanation = TERMINATION
+        return
+    finding.explanation = SIGKILL_SENDERS
     series = reading.series
     host = (
         series.filter(pl.col("metric").str.ends_with("cpu_memory_used_gb") & pl.col("value").is_finite())
