@@ -15,6 +15,7 @@ import polars as pl
 import regex
 import yaml
 
+from forensics.metric_semantics import METRICS_FOLDER
 from forensics.rules.model import LAYERS, SEVERITIES, TAXONOMY, USER_REGEX_TIMEOUT_S, MatchClause, Rule
 
 ALLOWED_KEYS = {
@@ -404,11 +405,15 @@ def _validate(shown: str, text: str) -> tuple[Rule | None, tuple[RuleError, ...]
 
 
 def rule_files(directories: Iterable[Path]) -> list[tuple[Path, Path]]:
-    """(file, root) for every rule file under the directories, in a stable order."""
+    """(file, root) for every rule file under the directories, in a stable order.
+
+    `metrics/` holds what metrics mean (forensics.metric_semantics), not rules.
+    """
     found = []
     for root in directories:
         for path in sorted(root.rglob("*.yaml")) + sorted(root.rglob("*.yml")):
-            found.append((path, root))
+            if path.relative_to(root).parts[0] != METRICS_FOLDER:
+                found.append((path, root))
     return found
 
 

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Capture the CPU corpus of real runs (healthy and unhealthy dynamics) and trim them into fixtures.
+
+`capture OUT [--only SUBSTR]` runs every run below (cpu_lm.py / cpu_grpo.py, or torchrun with 2 gloo
+ranks) into OUT/<name>/ with its console in OUT/<name>/driver.log; `fixtures OUT DEST` copies each into
+DEST/<name>/ trimmed (long step lines keep every step, checkpoints and event files are kept as written)
+with an expected.yaml: `status: healthy` for the healthy ones, for the others the verdict, the rules
+that may be the root cause and the step the fault was injected at (found within 10%, at least 10 steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PY = sys.executable
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    script: str  # cpu_lm | cpu_grpo
+    args: tuple[str, ...]
+    ranks: int = 1
+    expect: dict = field(default_factory=dict)  # empty: healthy
+    note: str = ""
+
+
+LM = ("--d", "48", "--seq", "48", "--batch", "8")
+DIVERGED = ["loss-divergence", "non-finite-metric", "non-finite-loss", "grad-norm-explosion"]
+RL_BROKEN = ["reward-collapse", "entropy-collapse", "kl-blowup", "loss-divergence", "grad-norm-explosion"]
+
+
+def healthy_lm() -> list[Spec]:
+    return [
+        Spec("lm_cosine_s0", "cpu_lm", (*LM, "--steps", "200", "--seed", "0"), note="warm-up 20 then cosine"),
+        Spec("lm_cosine_s1", "cpu_lm", (*LM, "--steps", "200", "--seed", "1")),
+        Spec("lm_cosine_s2", "cpu_lm", (*LM, "--steps", "200", "--seed", "2", "--lr", "5e-3")),
+        Spec("lm_constant", "cpu_lm", (*LM, "--steps", "150", "--schedule", "constant", "--lr", "1e-3")),
+        Spec("lm_constant_s1", "cpu_lm", (*LM, "--steps", "150", "--schedule", "constant", "--seed", "1")),
+        Spec("lm_warmup_constant", "cpu_lm", (*LM, "--steps", "200", "--schedule", "warmup", "--warmup", "40")),
+        Spec("lm_tiny_batch", "cpu_lm", ("--d", "48", "--seq", "48", "--batch", "2", "--steps", "200", "--lr", "2e-3")),
+        Spec("lm_large_batch", "cpu_lm", ("--d", "48", "--seq", "48", "--batch", "48", "--steps", "100")),
+        Spec("lm_var_len", "cpu_lm", (*LM, "--steps", "200", "--var-len"), note="a random sequence length each step"),
+        Spec("lm_var_len_s1", "cpu_lm", (*LM, "--steps", "200", "--var-len", "--seed", "1", "--batch", "4")),
+        Spec("lm_val_ckpt", "cpu_lm", (*LM, "--steps", "200", "--val-every", "25", "--save-every", "50")),
+        Spec("lm_short", "cpu_lm", (*LM, "--steps", "30")),
+        Spec("lm_long", "cpu_lm", ("--d", "32", "--seq", "32", "--batch", "8", "--steps", "600", "--warmup", "50")),
+        Spec("lm_warmup_bump", "cpu_lm", (*LM, "--steps", "200", "--lr", "2e-2", "--warmup", "30"),
+             note="a high peak learning rate: the loss bumps during warm-up, then recovers"),
+        Spec("lm_no_clip", "cpu_lm", (*LM, "--steps", "150", "--clip", "inf", "--lr", "1e-3")),
+        Spec("lm_hf_key", "cpu_lm", (*LM, "--steps", "150", "--loss-key", "loss", "--save-every", "40")),
+        Spec("lm_ddp2", "cpu_lm", (*LM, "--steps", "120"), ranks=2),
+        Spec("lm_ddp2_var_len", "cpu_lm", (*LM, "--steps", "120", "--var-len", "--val-every", "20"), ranks=2),
+        Spec("lm_plain_console", "cpu_lm", (*LM, "--steps", "150", "--console", "plain")),
+        Spec("lm_flat_jsonl", "cpu_lm", (*LM, "--steps", "150", "--console", "none", "--also", "flat_jsonl")),
+        Spec("lm_csv", "cpu_lm", (*LM, "--steps", "150", "--console", "none", "--also", "csv")),
+        Spec("lm_tensorboard", "cpu_lm", (*LM, "--steps", "150", "--console", "none", "--also", "tensorboard")),
+        Spec("lm_all_loggers", "cpu_lm", (*LM, "--steps", "120", "--also", "flat_jsonl,csv,tensorboard",
+                                          "--val-every", "30")),
+    ]
+
+
+def healthy_rl() -> list[Spec]:
+    return [
+        Spec("grpo_s0", "cpu_grpo", ("--steps", "200", "--seed", "0")),
+        Spec("grpo_s1", "cpu_grpo", ("--steps", "200", "--seed", "1")),
+        Spec("grpo_s2", "cpu_grpo", ("--steps", "200", "--seed", "2")),
+        Spec("grpo_no_kl", "cpu_grpo", ("--steps", "200", "--kl-coef", "0"), note="no KL penalty, as DAPO"),
+        Spec("grpo_kl_high", "cpu_grpo", ("--steps", "200", "--kl-coef", "0.1")),
+        Spec("grpo_entropy_bonus", "cpu_grpo", ("--steps", "200", "--entropy-coef", "0.01")),
+        Spec("grpo_epochs1", "cpu_grpo", ("--steps", "200", "--epochs", "1")),
+        Spec("grpo_epochs4", "cpu_grpo", ("--steps", "150", "--epochs", "4")),
+        Spec("grpo_group4", "cpu_grpo", ("--steps", "200", "--group", "4")),
+        Spec("grpo_group16", "cpu_grpo", ("--steps", "150", "--group", "16", "--prompts", "8")),
+        Spec("grpo_temp07", "cpu_grpo", ("--steps", "200", "--temperature", "0.7")),
+        Spec("grpo_val_ckpt", "cpu_grpo", ("--steps", "200", "--val-every", "20", "--save-every", "50")),
+        Spec("grpo_short", "cpu_grpo", ("--steps", "40",)),
+        Spec("grpo_long", "cpu_grpo", ("--steps", "500", "--lr", "2e-3")),
+        Spec("grpo_slow_lr", "cpu_grpo", ("--steps", "200", "--lr", "1e-3")),
+        Spec("grpo_fast_lr", "cpu_grpo", ("--steps", "200", "--lr", "8e-3")),
+        Spec("grpo_prompt4", "cpu_grpo", ("--steps", "250", "--prompt-len", "4", "--max-len", "7")),
+        Spec("grpo_prompt2", "cpu_grpo", ("--steps", "150", "--prompt-len", "2", "--max-len", "5")),
+        Spec("grpo_tensorboard", "cpu_grpo", ("--steps", "150", "--also", "tensorboard", "--seed", "3")),
+        Spec("grpo_big_batch", "cpu_grpo", ("--steps", "120", "--prompts", "48")),
+    ]
+
+
+def fault(kind: str, at: int, rules: list[str], status: str = "failed|degraded") -> dict:
+    return {"status": status, "root_cause_rule": rules, "step": at, "fault": kind}
+
+
+def unhealthy() -> list[Spec]:
+    return [
+        Spec("lm_lr_high", "cpu_lm", (*LM, "--steps", "150", "--lr", "0.3", "--fault", "lr_high"),
+             expect=fault("lr_high", 1, DIVERGED), note="learning rate 0.3 from the first step"),
+        Spec("lm_lr_jump", "cpu_lm", (*LM, "--steps", "200", "--fault", "lr_jump@100", "--schedule", "constant",
+                                      "--lr", "2e-3", "--jump", "100"), expect=fault("lr_jump", 100, DIVERGED)),
+        Spec("lm_lr_jump_var_len", "cpu_lm", (*LM, "--steps", "200", "--var-len", "--fault", "lr_jump@140",
+                                              "--jump", "100", "--seed", "1"), expect=fault("lr_jump", 140, DIVERGED)),
+        Spec("lm_nan", "cpu_lm", (*LM, "--steps", "150", "--fault", "nan@80"),
+             expect=fault("nan", 80, ["non-finite-metric", "non-finite-loss", "loss-divergence"])),
+        Spec("lm_leak", "cpu_lm", (*LM, "--steps", "120", "--fault", "leak@30"),
+             expect=fault("leak", 30, ["host-memory-growth"], "degraded")),
+        Spec("lm_ddp2_lr_jump", "cpu_lm", (*LM, "--steps", "150", "--fault", "lr_jump@80", "--jump", "100"), ranks=2,
+             expect=fault("lr_jump", 80, DIVERGED)),
+        Spec("grpo_lr_jump", "cpu_grpo", ("--steps", "200", "--fault", "lr_jump@100"),
+             expect=fault("lr_jump", 100, RL_BROKEN)),
+        Spec("grpo_lr_jump_s1", "cpu_grpo", ("--steps", "160", "--fault", "lr_jump@60", "--seed", "1"),
+             expect=fault("lr_jump", 60, RL_BROKEN)),
+        Spec("grpo_lr_high", "cpu_grpo", ("--steps", "150", "--lr", "0.1", "--fault", "lr_high"),
+             expect=fault("lr_high", 1, RL_BROKEN)),
+        Spec("grpo_no_kl_jump", "cpu_grpo", ("--steps", "200", "--fault", "no_kl@80"),
+             expect=fault("no_kl", 80, ["kl-blowup", *RL_BROKEN])),
+        Spec("grpo_entropy_sign", "cpu_grpo", ("--steps", "200", "--fault", "entropy_sign@80"),
+             expect=fault("entropy_sign", 80, ["entropy-collapse", *RL_BROKEN])),
+        Spec("grpo_entropy_sign_s1", "cpu_grpo", ("--steps", "200", "--fault", "entropy_sign@120", "--seed", "1"),
+             expect=fault("entropy_sign", 120, ["entropy-collapse", *RL_BROKEN])),
+        Spec("grpo_reward_bug", "cpu_grpo", ("--steps", "200", "--fault", "reward_bug@100"),
+             expect=fault("reward_bug", 100, ["reward-collapse"])),
+        Spec("grpo_reward_bug_s2", "cpu_grpo", ("--steps", "150", "--fault", "reward_bug@60", "--seed", "2"),
+             expect=fault("reward_bug", 60, ["reward-collapse"])),
+        Spec("grpo_nan", "cpu_grpo", ("--steps", "200", "--fault", "nan@100"),
+             expect=fault("nan", 100, ["non-finite-metric", "non-finite-loss"])),
+        Spec("grpo_leak", "cpu_grpo", ("--steps", "150", "--fault", "leak@50"),
+             expect=fault("leak", 50, ["host-memory-growth"], "degraded")),
+    ]
+
+
+SPECS = [*healthy_lm(), *healthy_rl(), *unhealthy()]
+
+
+def capture(out: Path, only: str) -> None:
+    for spec in SPECS:
+        if only and only not in spec.name:
+            continue
+        run = out / spec.name
+        if (run / "driver.log").exists() and "Training finished" in (run / "driver.log").read_text():
+            continue
+        shutil.rmtree(run, ignore_errors=True)
+        run.mkdir(parents=True)
+        script = str(HERE / f"{spec.script}.py")
+        cmd = [PY, script, "--run-dir", str(run), "--name", spec.name, *spec.args]
+        if spec.ranks > 1:
+            cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", str(spec.ranks), "--master_port",
+                   "29517", script, "--run-dir", str(run), "--name", spec.name, *spec.args]
+        t = time.time()
+        with open(run / "driver.log", "w") as log:
+            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        print(f"{spec.name}: rc {rc}, {time.time() - t:.1f} s", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("capture")
+    c.add_argument("out", type=Path)
+    c.add_argument("--only", default="")
+    args = ap.parse_args()
+    if args.cmd == "capture":
+        capture(args.out, args.only)
+
+
+if __name__ == "__main__":
+    main()
