@@ -56,7 +56,7 @@ DETECTORS = frozenset(
         "oscillation",
         "spike",
         "grad-explosion",
-        "policy-loss-explosion",
+        "policy-loss",
         "entropy-collapse",
         "kl-blowup",
         "reward-collapse",

@@ -16,7 +16,15 @@ import regex
 import yaml
 
 from forensics.metric_semantics import METRICS_FOLDER
-from forensics.rules.model import LAYERS, SEVERITIES, TAXONOMY, USER_REGEX_TIMEOUT_S, MatchClause, Rule
+from forensics.rules.model import (
+    EVIDENCE_STRENGTHS,
+    LAYERS,
+    SEVERITIES,
+    TAXONOMY,
+    USER_REGEX_TIMEOUT_S,
+    MatchClause,
+    Rule,
+)
 
 ALLOWED_KEYS = {
     "id",
@@ -27,6 +35,7 @@ ALLOWED_KEYS = {
     "description",
     "match",
     "detector",
+    "evidence",
     "extract",
     "extract_window",
     "symptom_of",
@@ -191,6 +200,7 @@ class _RuleBuilder:
             description=str(d["description"]).strip(),
             match=tuple(clauses),
             detector=detector,
+            evidence=str(d.get("evidence", "direct")),
             extract=dict(extract),
             extract_window=window,
             symptom_of=tuple(symptom_of),
@@ -234,6 +244,8 @@ class _RuleBuilder:
             self.error("severity", f"{d['severity']!r} is not one of {', '.join(SEVERITIES)}")
         if d["layer"] not in LAYERS:
             self.error("layer", f"{d['layer']!r} is not one of {', '.join(LAYERS)}")
+        if d.get("evidence", "direct") not in EVIDENCE_STRENGTHS:
+            self.error("evidence", f"{d['evidence']!r} is not one of {', '.join(EVIDENCE_STRENGTHS)}")
 
     def check_symptom_of(self) -> list[str]:
         symptom_of = _as_str_list(self.data.get("symptom_of") or [])

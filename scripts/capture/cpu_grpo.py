@@ -10,8 +10,8 @@ actor/pg_clipfrac, actor/ppo_kl, actor/kl_loss, actor/entropy, critic/score/mean
 and writes verl's file-logger JSONL; `--also tensorboard` writes the same to TensorBoard event files.
 
 Faults (`--fault KIND@STEP`, real): `lr_high` (from the start), `lr_jump` (the learning rate times
-`--jump` from STEP), `no_kl` (from STEP the KL penalty is dropped and the learning rate raised 10x, a
-resumed run with the wrong config), `entropy_sign` (from STEP the entropy bonus has the wrong sign),
+`--jump` from STEP), `no_kl` (from STEP the KL penalty is dropped and the learning rate raised `--jump` times, a
+resumed run with the wrong config), `entropy_sign` (from STEP an entropy bonus of 0.5 has the wrong sign),
 `reward_bug` (from STEP the reward parser looks for the wrong stop token: every answer scores as
 unfinished), `nan` (from STEP the learning rate is 1e4 without clipping: the weights overflow and
 sampling then fails), `leak` (from STEP every rollout is kept with its graph: host memory grows).
@@ -113,7 +113,7 @@ def main() -> None:
     ap.add_argument("--kl-coef", type=float, default=0.01)
     ap.add_argument("--entropy-coef", type=float, default=0.0)
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--d", type=int, default=32)
+    ap.add_argument("--width", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--val-every", type=int, default=0)
     ap.add_argument("--save-every", type=int, default=0)
@@ -124,7 +124,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    policy = Policy(args.d)
+    policy = Policy(args.width)
     reference = copy.deepcopy(policy).requires_grad_(False)
     opt = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0)
     kind, _, at_text = args.fault.partition("@")
@@ -156,9 +156,9 @@ def main() -> None:
         if kind == "lr_jump" and step >= at:
             lr *= args.jump
         if kind == "no_kl" and step >= at:
-            kl_coef, lr = 0.0, lr * 10
+            kl_coef, lr = 0.0, lr * args.jump
         if kind == "entropy_sign" and step >= at:
-            ent_coef = -0.05
+            ent_coef = -0.5
         if kind == "reward_bug" and step >= at:
             stop = SEP
         if kind == "nan" and step >= at:

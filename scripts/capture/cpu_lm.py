@@ -162,7 +162,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--var-len", action="store_true", help="a random sequence length every step")
-    ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--val-every", type=int, default=0)
@@ -189,7 +189,7 @@ def main() -> None:
     data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
     split = int(0.9 * len(data))
     train, val = data[:split], data[split:]
-    model = TinyGPT(len(chars), args.d, args.layers, 4, args.seq)
+    model = TinyGPT(len(chars), args.width, args.layers, 4, args.seq)
     if ddp:
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
