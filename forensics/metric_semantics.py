@@ -238,22 +238,28 @@ def load_vocabulary(overlays: Iterable[Path] = ()) -> Vocabulary:
 
 @cache
 def _load(overlays: tuple[Path, ...]) -> Vocabulary:
-    specs: list[MetricSpec] = []
-    checks: list[tuple[str, str, str]] = []
-    for root in (*overlays, patterns_dir()):
+    """Each root's examples are checked against that root and the ones after it: a user file may change what
+    a bundled example resolves to, and the bundled files stay right on their own."""
+    roots = [*overlays, patterns_dir()]
+    per_root: list[tuple[list[MetricSpec], list[tuple[str, str, str]]]] = []
+    for root in roots:
+        specs: list[MetricSpec] = []
+        checks: list[tuple[str, str, str]] = []
         for path in metric_files(root):
             shown = f"{root.name}/{path.relative_to(root)}"
             found, examples = load_file(path, shown)
             specs.extend(found)
             checks.extend((shown, str(name), str(kind)) for name, kind in examples.items())
-    vocabulary = Vocabulary(specs)
-    for shown, name, kind in checks:
-        if kind not in KINDS:
-            raise MetricFileError(f"{shown}: example {name!r}: {kind!r} is not a kind")
-        got = vocabulary.kind(name)
-        if got != kind:
-            raise MetricFileError(f"{shown}: example {name!r} resolves to {got!r}, not {kind!r}")
-    return vocabulary
+        per_root.append((specs, checks))
+    for i, (_, checks) in enumerate(per_root):
+        scope = Vocabulary([spec for specs, _ in per_root[i:] for spec in specs])
+        for shown, name, kind in checks:
+            if kind not in KINDS:
+                raise MetricFileError(f"{shown}: example {name!r}: {kind!r} is not a kind")
+            got = scope.kind(name)
+            if got != kind:
+                raise MetricFileError(f"{shown}: example {name!r} resolves to {got!r}, not {kind!r}")
+    return Vocabulary([spec for specs, _ in per_root for spec in specs])
 
 
 def bundled() -> Vocabulary:

@@ -262,9 +262,9 @@ def diagnose(
     serious = [f for f in independent if severity_rank(f.severity) >= severity_rank("error")]
     pool = serious or independent or findings
     root = min(pool, key=lambda f: (f.sort_key(), -severity_rank(f.severity)))
-    root, ranking = _crash_outranks_statistics(root, independent)
+    root, ranking, crash_follows = _rank_by_evidence(root, independent, findings)
     failed = severity_rank(root.severity) >= severity_rank("error") and root.strength != STATISTICAL
-    status = "failed" if failed else "degraded"
+    status = "failed" if failed or crash_follows else "degraded"
     tell(root, findings, events, step_marks, cluster)
     explained = [f for f in findings if f not in independent]
     rival_classes = {f.cls for f in pool if f.cls != root.cls}
@@ -272,7 +272,7 @@ def diagnose(
     if root.cls == "unknown_crash":
         confidence = 0.4
     if root.strength == STATISTICAL:
-        confidence = _statistical_confidence(root, independent)
+        confidence = _statistical_confidence(root, findings)
     if root.rank is None and any(f.rank is not None for f in findings):
         confidence -= 0.1
     where = f" on rank {root.rank}" if root.rank is not None else ""
@@ -302,28 +302,43 @@ def _linked(soft: Finding, crash: Finding) -> bool:
     return False
 
 
-def _crash_outranks_statistics(root: Finding, independent: list[Finding]) -> tuple[Finding, str]:
-    """(root, why): crash evidence outranks an earlier statistical or measured finding unless they are linked."""
-    if root.strength == "direct":
-        return root, ""
-    crashes = sorted((f for f in independent if _is_crash(f)), key=Finding.sort_key)
-    if not crashes:
-        return root, ""
-    linked = [c for c in crashes if _linked(root, c)]
-    if linked:
-        return root, (
-            f"It comes before {linked[0].title} and leads to it, so the {root.strength} finding is the cause "
-            "and the crash its consequence."
-        )
-    crash = crashes[0]
-    when = f" at step {root.step}" if root.step is not None else ""
-    return crash, (
-        f"It outranks {root.title}{when}, a {root.strength} finding that came earlier: crash evidence outranks "
+def _rank_by_evidence(root: Finding, independent: list[Finding], findings: list[Finding]) -> tuple[Finding, str, bool]:
+    """(root, why, a crash follows from it): crash evidence outranks an earlier statistical or measured finding
+    unless the logs link the two; a crash that the soft root explains still makes the run failed."""
+    crashes = sorted((f for f in findings if _is_crash(f)), key=Finding.sort_key)
+    if root.strength != "direct":
+        linked = [c for c in crashes if _explains(root, c) or _linked(root, c)]
+        if linked:
+            why = (
+                f"It comes before {linked[0].title} and leads to it, so the {root.strength} finding is the cause "
+                "and the crash its consequence."
+            )
+            return root, why, True
+        unexplained = [c for c in crashes if c in independent]
+        if not unexplained:
+            return root, "", False
+        soft, root = root, unexplained[0]
+    else:
+        earlier = [f for f in independent if f.strength != "direct" and _before(f, root) and not _linked(f, root)]
+        if not earlier:
+            return root, "", False
+        soft = min(earlier, key=lambda f: (f.step if f.step is not None else 1 << 30, f.sort_key()))
+    when = f" at step {soft.step}" if soft.step is not None else ""
+    why = (
+        f"It outranks {soft.title}{when}, a {soft.strength} finding that came earlier: crash evidence outranks "
         "a finding read from the curves unless the logs link the two."
     )
+    return root, why, False
 
 
-def _statistical_confidence(root: Finding, independent: list[Finding]) -> float:
+def _before(a: Finding, b: Finding) -> bool:
+    """Whether `a` began before `b`: by step where both have one, else by time and position."""
+    if a.step is not None and b.step is not None:
+        return a.step < b.step
+    return a.sort_key() < b.sort_key()
+
+
+def _statistical_confidence(root: Finding, findings: list[Finding]) -> float:
     """How strong a statistical root cause is: a lone reading of one curve is weak; other detectors that
     saw the same class of trouble at about the same step make it stronger."""
     if root.step is None:
@@ -331,7 +346,7 @@ def _statistical_confidence(root: Finding, independent: list[Finding]) -> float:
     window = max(10, CORROBORATION_WINDOW * root.step)
     others = {
         f.rule
-        for f in independent
+        for f in findings
         if f is not root and f.cls == root.cls and f.step is not None and abs(f.step - root.step) <= window
     }
     return min(0.85, 0.55 + 0.1 * len(others))

@@ -10,10 +10,11 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 from forensics.sources.base import FileResult, FileSource, Sink
-from forensics.textio import open_binary
+from forensics.textio import open_binary, without_compression_suffix
 
 SOURCE = "metrics_csv"
 STEP_COLUMNS = ("step", "global_step", "_step", "iteration", "trainer/global_step", "Step")
@@ -22,11 +23,14 @@ MAX_BYTES = 256 * 1024**2
 
 def _header(head: bytes) -> list[str]:
     first = head.split(b"\n", 1)[0].decode("utf-8", "replace").strip("\r\ufeff")
-    return [c.strip() for c in next(csv.reader([first]), [])]
+    try:
+        return [c.strip() for c in next(csv.reader([first]), [])]
+    except csv.Error:  # a stray carriage return or NUL: not a table this reader takes
+        return []
 
 
 def _sniff(name: str, head: bytes) -> bool:
-    return name.endswith(".csv") and any(c in STEP_COLUMNS for c in _header(head))
+    return without_compression_suffix(name).endswith(".csv") and any(c in STEP_COLUMNS for c in _header(head))
 
 
 def _number(cell: str) -> float | None:
@@ -39,6 +43,15 @@ def _number(cell: str) -> float | None:
         return None
 
 
+def _rows(rows: Iterator[list[str]], rel: str, result: FileResult) -> Iterator[tuple[int, list[str]]]:
+    """(line, cells) after the header, up to a row the csv module cannot parse (a damaged file)."""
+    try:
+        next(rows, None)
+        yield from enumerate(rows, start=2)
+    except csv.Error as exc:
+        result.warnings.append(f"{rel}: damaged after line {result.lines} ({exc}); the rows before it were read")
+
+
 def _read(path: Path, rel: str, sink: Sink) -> FileResult:
     result = FileResult()
     with open_binary(path) as fh:
@@ -46,11 +59,14 @@ def _read(path: Path, rel: str, sink: Sink) -> FileResult:
     if len(data) > MAX_BYTES:
         result.warnings.append(f"{rel}: only the first {MAX_BYTES // 2**20} MiB were read")
         data = data[: data.rfind(b"\n", 0, MAX_BYTES) + 1]
-    rows = csv.reader(io.StringIO(data.decode("utf-8", "replace").lstrip("\ufeff")))
-    header = [c.strip() for c in next(rows, [])]
-    step_col = next(i for i, c in enumerate(header) if c in STEP_COLUMNS)
+    rows = csv.reader(io.StringIO(data.decode("utf-8", "replace").lstrip("\ufeff"), newline=""))
+    header = _header(data)
+    step_col = next((i for i, c in enumerate(header) if c in STEP_COLUMNS), None)
+    if step_col is None:
+        result.warnings.append(f"{rel}: no step column in the header; not read")
+        return result
     bad = 0
-    for number, row in enumerate(rows, start=2):
+    for number, row in _rows(rows, rel, result):
         result.lines = number
         step = _number(row[step_col]) if step_col < len(row) else None
         if step is None or not math.isfinite(step):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from forensics.sources.base import FileResult, FileSource, Sink
-from forensics.textio import open_binary
+from forensics.textio import open_binary, without_compression_suffix
 
 SOURCE_NESTED = "verl_file_logger"
 SOURCE_FLAT = "metrics_jsonl"
@@ -25,7 +25,7 @@ MAX_DEPTH = 4
 
 
 def _sniff(name: str, head: bytes) -> bool:
-    if not name.endswith((".jsonl", ".ndjson")):
+    if not without_compression_suffix(name).endswith((".jsonl", ".ndjson")):
         return False
     first = head.lstrip()[:4096]
     return first.startswith(b"{") and any(f'"{k}"'.encode() in first for k in STEP_KEYS)

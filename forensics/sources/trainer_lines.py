@@ -4,7 +4,8 @@ PyTorch Lightning's progress bar, and the `step N | loss X` prints of hand-writt
 - Megatron-LM: ` iteration      122/  250000 | consumed samples: 124928 | ... | lm loss: 2.504220E+00 | ...`
 - Hugging Face Trainer and TRL print each log as a dict: `{'loss': 1.6531, 'grad_norm': nan,
   'learning_rate': 1.39e-05, 'epoch': 0.38}`; it names no step, so the n-th dict of a file is step n
-  (its `step` or `global_step` key when it has one). The final `{'train_runtime': ...}` is not a step.
+  (its `step` or `global_step` key when it has one), and an evaluation dict (`eval_*` keys, no loss) belongs
+  to the step before it. The final `{'train_runtime': ...}` is not a step.
 - DeepSpeed: `[Rank 0] step=40, skipped=2, lr=[5e-05], mom=[[0.9, 0.999]]` (learning rate and skipped steps).
 - Lightning (tqdm): `Epoch 0:   0%|  | 1/351750 [00:03<372:08:48,  3.81s/it, loss=11, reduced_train_loss=11.00,
   global_step=0.000]`, redrawn with carriage returns; the step is `global_step` when shown, else the batch.
@@ -91,8 +92,9 @@ def _hf_dict(rec: LineRecord, sink: Sink) -> None:
         if isinstance(number, (int, float)) and not isinstance(number, bool):
             metrics[str(key)] = float(number)
     given = metrics.pop("step", None) or metrics.pop("global_step", None)
-    counter = sink.counters.get(("hf_dict", rec.hit.file), 0) + 1
-    sink.counters[("hf_dict", rec.hit.file)] = counter
+    evaluation = "loss" not in metrics and any(k.startswith("eval_") for k in metrics)  # at the step before it
+    counter = sink.counters.get(("hf_dict", rec.hit.file), 0) + (0 if evaluation else 1)
+    sink.counters[("hf_dict", rec.hit.file)] = counter = max(counter, 1)
     _emit(rec, sink, "hf_trainer", int(given) if given is not None else counter, metrics)
 
 

@@ -138,15 +138,24 @@ def main() -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         tb = SummaryWriter(str(args.run_dir / "tensorboard_log" / args.name))
-    pprint.pprint({
-        "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False},
-        "actor_rollout_ref": {"actor": {"optim": {"lr": args.lr}, "ppo_epochs": args.epochs,
-                                        "clip_ratio": args.clip, "use_kl_loss": args.kl_coef > 0,
-                                        "kl_loss_coef": args.kl_coef, "entropy_coeff": args.entropy_coef},
-                              "rollout": {"n": args.group, "temperature": args.temperature}},
-        "data": {"train_batch_size": args.prompts, "max_response_length": args.max_len},
-        "trainer": {"total_training_steps": args.steps, "experiment_name": args.name},
-    })
+    pprint.pprint(
+        {
+            "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False},
+            "actor_rollout_ref": {
+                "actor": {
+                    "optim": {"lr": args.lr},
+                    "ppo_epochs": args.epochs,
+                    "clip_ratio": args.clip,
+                    "use_kl_loss": args.kl_coef > 0,
+                    "kl_loss_coef": args.kl_coef,
+                    "entropy_coeff": args.entropy_coef,
+                },
+                "rollout": {"n": args.group, "temperature": args.temperature},
+            },
+            "data": {"train_batch_size": args.prompts, "max_response_length": args.max_len},
+            "trainer": {"total_training_steps": args.steps, "experiment_name": args.name},
+        }
+    )
     gen = torch.Generator().manual_seed(1000 + args.seed)
     val_prompts = torch.randint(0, DIGITS, (64, args.prompt_len), generator=torch.Generator().manual_seed(7))
 
@@ -248,7 +257,9 @@ def main() -> None:
         print(fmt_line(step, metrics), flush=True)
         if args.save_every and step % args.save_every == 0:
             print(f"Saved checkpoint to checkpoints/global_step_{step}", flush=True)
-        jsonl.write(json.dumps({"step": step, "data": {k: v if math.isfinite(v) else None for k, v in metrics.items()}}))
+        jsonl.write(
+            json.dumps({"step": step, "data": {k: v if math.isfinite(v) else None for k, v in metrics.items()}})
+        )
         jsonl.write("\n")
         jsonl.flush()
         if tb:

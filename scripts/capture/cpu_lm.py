@@ -4,8 +4,9 @@
 Healthy or with an injected fault (`--fault`), single process or gloo DDP (`--ddp 2`, launched with
 torchrun). Rank 0 logs each step as verl does (console `step:N - key:value` lines via pprint.pformat,
 and the file logger's JSONL), and optionally the same metrics where other tools keep them:
-`--also flat_jsonl,csv,tensorboard` (flat `{"step": N, "train/loss": ...}` records, a CSV with a
-`step` column as Lightning's CSVLogger writes it, TensorBoard event files from torch's SummaryWriter).
+`--also flat_jsonl,csv,tensorboard,mlflow` (flat `{"step": N, "train/loss": ...}` records, a CSV with a
+`step` column as Lightning's CSVLogger writes it, TensorBoard event files from torch's SummaryWriter, MLflow's
+file store from `mlflow.log_metrics`).
 
 Faults (real, not simulated): `lr_high` (a learning rate far too high from the start), `lr_jump@N`
 (the schedule multiplies the learning rate at step N), `nan@N` (the learning rate goes to 1e4 without
@@ -116,6 +117,14 @@ class Loggers:
         self.csv_file = open(run_dir / "metrics.csv", "w", newline="") if "csv" in also else None  # noqa: SIM115
         self.csv = None
         self.tb = None
+        self.mlflow = None
+        if "mlflow" in also:  # MLflow's file store: mlruns/<experiment>/<run>/metrics/<key>
+            import mlflow
+
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 prefers SQLite; many runs keep mlruns/
+            mlflow.set_tracking_uri((run_dir / "mlruns").as_uri())
+            mlflow.start_run(run_name=name)
+            self.mlflow = mlflow
         if "tensorboard" in also:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -125,7 +134,10 @@ class Loggers:
         if self.console == "verl":
             print(fmt_line(step, metrics), flush=True)
         elif self.console == "plain":  # what a hand-written loop prints
-            print(f"step {step} | " + " | ".join(f"{k.rsplit('/', 1)[-1]} {v:.4g}" for k, v in metrics.items()), flush=True)
+            print(
+                f"step {step} | " + " | ".join(f"{k.rsplit('/', 1)[-1]} {v:.4g}" for k, v in metrics.items()),
+                flush=True,
+            )
         clean = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}  # orjson: NaN -> null
         if self.verl:
             self.verl.write(json.dumps({"step": step, "data": clean}) + "\n")
@@ -142,6 +154,8 @@ class Loggers:
         if self.tb:
             for k, v in metrics.items():
                 self.tb.add_scalar(k, v, step)
+        if self.mlflow:
+            self.mlflow.log_metrics(metrics, step=step)
 
     def close(self) -> None:
         for f in (self.verl, self.flat, self.csv_file):
@@ -149,6 +163,8 @@ class Loggers:
                 f.close()
         if self.tb:
             self.tb.close()
+        if self.mlflow:
+            self.mlflow.end_run()
 
 
 def main() -> None:
@@ -200,11 +216,18 @@ def main() -> None:
     loggers = None
     if rank == 0:
         args.run_dir.mkdir(parents=True, exist_ok=True)
-        print(f"Training {args.name}: {sum(p.numel() for p in model.parameters())} parameters, "
-              f"{len(chars)} symbols, world size {world}", flush=True)
-        pprint.pprint({"trainer": {"total_training_steps": args.steps, "experiment_name": args.name},
-                       "actor_rollout_ref": {"actor": {"optim": {"lr": args.lr, "warmup": args.warmup}}},
-                       "data": {"train_batch_size": args.batch * world, "max_response_length": args.seq}})
+        print(
+            f"Training {args.name}: {sum(p.numel() for p in model.parameters())} parameters, "
+            f"{len(chars)} symbols, world size {world}",
+            flush=True,
+        )
+        pprint.pprint(
+            {
+                "trainer": {"total_training_steps": args.steps, "experiment_name": args.name},
+                "actor_rollout_ref": {"actor": {"optim": {"lr": args.lr, "warmup": args.warmup}}},
+                "data": {"train_batch_size": args.batch * world, "max_response_length": args.seq},
+            }
+        )
         loggers = Loggers(args.run_dir, args.name, set(filter(None, args.also.split(","))), args.console)
 
     def batch(source: torch.Tensor, seq: int) -> tuple[torch.Tensor, torch.Tensor]:

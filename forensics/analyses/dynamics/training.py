@@ -39,6 +39,7 @@ from forensics.catalogue import Detection
 
 NON_FINITE_RULE = "non-finite-loss"  # the YAML rule that catches the first non-finite step line
 LOSS_KINDS = ("loss", "value_loss")  # minimised: a loss that climbs back up is going the wrong way
+POSITIVE_LOSS_FLOOR = 0.1  # a policy loss above this at every step is a cross-entropy under that name
 
 DIVERGENCE_NOISE_K = 10.0  # a divergence stands this many noise units above where the loss started...
 DIVERGENCE_START_FRACTION = 0.25  # ...and a quarter above it...
@@ -205,15 +206,17 @@ def _left_edge(y: np.ndarray, onset: int, level: float, half: float) -> int:
 
 
 def _loss_like(ctx: Context, curve: Curve) -> bool:
-    """A loss judged for divergence: minimised losses, and a policy loss that behaves as one (positive).
+    """A loss judged for divergence and oscillation: minimised losses, and a policy loss that is one in disguise.
 
-    A PPO/GRPO policy loss is centred on zero (advantages are normalised) and is not minimised in that
-    sense; one that stays positive is a loss under that name (an SFT or LM loss logged as pg_loss).
+    A PPO/GRPO policy loss is a surrogate that crosses zero (advantages are centred) and is not minimised in
+    that sense, even when it is mostly positive (longer answers weigh more in a token mean). A cross-entropy
+    never reaches zero: a "policy loss" that stays above POSITIVE_LOSS_FLOOR at every step is an SFT or LM
+    loss logged under that name, and is judged as one.
     """
     kind = ctx.kind_of(curve.metric)
     if kind == "policy_loss":
         finite = curve.finite().values
-        return len(finite) > 0 and float(np.mean(finite > 0)) >= 0.9
+        return len(finite) > 0 and float(np.min(finite)) > POSITIVE_LOSS_FLOOR
     return kind in LOSS_KINDS
 
 
@@ -226,7 +229,7 @@ def _early_explosion(finite: Curve) -> tuple[int, int, float] | None:
     y = finite.values
     if len(y) < MIN_POINTS + 2 or np.mean(y > 0) < 0.9:
         return None
-    start = float(y[0])
+    start = float(np.median(y[:3]))
     head = y[: max(MIN_POINTS, len(y) // 5)]
     high = np.flatnonzero(head >= EARLY_EXPLOSION_FACTOR * start)
     if start <= 0 or len(high) < EXPLOSION_POINTS:
@@ -246,7 +249,7 @@ def detect_divergence(ctx: Context) -> list[Detection]:
             continue
         found = _divergence(finite, int(curve.steps[-1]))
         if found is None:
-            early = _early_explosion(finite)
+            early = _early_explosion(finite) if ctx.kind_of(curve.metric) != "value_loss" else None
             if early is not None:
                 out.append(_explosion_detection(ctx, curve, finite, *early))
             continue
@@ -265,7 +268,7 @@ def detect_divergence(ctx: Context) -> list[Detection]:
 
 
 def _explosion_detection(ctx: Context, curve: Curve, finite: Curve, first: int, last: int, peak: float) -> Detection:
-    start = float(finite.values[0])
+    start = float(np.median(finite.values[:3]))
     return detection(
         ctx,
         "loss-regression",
