@@ -305,3 +305,26 @@ def test_noisy_but_healthy_losses_do_not_oscillate(seed):
     }
     series = _series(curves)
     assert _describe(series, empty_events(), _marks(n)) == []
+
+
+def test_a_warm_up_bump_that_ends_below_the_start_raises_nothing():
+    """The issue's shape: 11.1 -> 16 -> 9.4 over the first 60 steps of warm-up, then learning as usual."""
+    rng = np.random.default_rng(21)
+    n = 300
+    t = np.arange(n)
+    warm = np.interp(t, [0, 25, 60], [11.1, 16.0, 9.4])
+    loss = np.where(t < 60, warm, 9.4 * np.exp(-(t - 60) / 200) + 2.0 * (1 - np.exp(-(t - 60) / 200)))
+    loss = loss + rng.normal(0, 0.05, n)
+    found = _describe(
+        _series({"train/loss": loss, "train/lr": np.minimum(1.0, (t + 1) / 60) * 3e-4}), empty_events(), _marks(n)
+    )
+    assert found == []
+
+
+def test_a_critic_loss_that_grows_with_the_returns_is_not_judged():
+    """PPO's value loss follows the scale of the returns: as the reward grows, so does it."""
+    curves = _healthy_rl(22)
+    curves["critic/vf_loss"] = (
+        0.05 * (1 + 9 * np.arange(STEPS) / STEPS) * np.random.default_rng(22).lognormal(0, 0.2, STEPS)
+    )
+    assert _run(curves) == []

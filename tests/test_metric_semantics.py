@@ -72,7 +72,7 @@ def _write(tmp_path, text: str):
 )
 def test_invalid_metric_files_name_file_line_and_key(tmp_path, text, problem):
     extra = _write(tmp_path, "# a user file\n" + text)
-    with pytest.raises(MetricFileError, match="mine.yaml") as info:
+    with pytest.raises(MetricFileError, match=r"mine\.yaml") as info:
         load_file(extra / "metrics" / "mine.yaml")
     assert problem in str(info.value)
 

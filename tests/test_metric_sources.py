@@ -178,3 +178,24 @@ def test_verl_jsonl_null_is_nan_but_a_flat_null_is_missing(tmp_path):
     by_metric = {r["metric"]: r["value"] for r in a.series.iter_rows(named=True)}
     assert set(by_metric) == {"actor/pg_loss", "train/acc"}
     assert np.isnan(by_metric["actor/pg_loss"]) and np.isnan(by_metric["train/acc"])
+
+
+def test_wandb_offline_run():
+    pytest.importorskip("wandb.proto.wandb_internal_pb2")
+    a = _analysis(RUNS / "cpu_lm_wandb")
+    loss = _values(a, "train/loss")
+    assert loss.height == 120 and set(loss["source"]) == {"wandb"}
+    assert loss["step"].to_list() == list(range(1, 121)) and loss["ts"].null_count() == 0
+    assert _values(a, "train/lr")["value"][0] == pytest.approx(1.5e-4, rel=1e-12)  # float64: warm-up 1/20 of 3e-3
+
+
+def test_a_truncated_wandb_file_keeps_the_records_before_the_damage(tmp_path):
+    pytest.importorskip("wandb.proto.wandb_internal_pb2")
+    source = next((RUNS / "cpu_lm_wandb").glob("wandb/*/*.wandb"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / source.name).write_bytes(source.read_bytes()[: source.stat().st_size // 2])
+    a = analyze([run])
+    steps = _values(a, "train/loss")["step"].to_list()
+    assert 40 < len(steps) < 80 and steps == list(range(1, len(steps) + 1))
+    assert any("damaged after" in w for w in a.warnings)

@@ -30,6 +30,7 @@ from forensics.sources import (
     trainer_lines,
     verl,
     versions,
+    wandb_offline,
 )
 from forensics.sources.base import FileSource, LineExtractor
 
@@ -37,7 +38,7 @@ MODULES: list[ModuleType] = [verl, traceback, torchrun, torch_distributed, nccl,
 MODULES += [hydra_config, collect_env, nvidia_smi_q, dcgm, versions]
 MODULES += [ray_session, ray_events]  # Ray's own logs: session folders and events/*.log
 MODULES += [nsys, kineto]
-MODULES += [trainer_lines, metrics_jsonl, metrics_csv, tensorboard, mlflow_store]  # metrics beside verl's
+MODULES += [trainer_lines, metrics_jsonl, metrics_csv, tensorboard, mlflow_store, wandb_offline]  # beside verl's
 
 
 def line_extractors() -> list[LineExtractor]:

@@ -16,6 +16,7 @@ import argparse
 import lzma
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -89,6 +90,12 @@ def healthy_lm() -> list[Spec]:
             "cpu_lm",
             (*LM, "--steps", "120", "--console", "none", "--also", "mlflow"),
             note="MLflow's file store (needs mlflow importable, e.g. mlflow-skinny on PYTHONPATH)",
+        ),
+        Spec(
+            "lm_wandb",
+            "cpu_lm",
+            (*LM, "--steps", "120", "--console", "none", "--also", "wandb"),
+            note="an offline W&B run (needs wandb importable)",
         ),
         Spec(
             "lm_all_loggers",
@@ -291,10 +298,39 @@ KEEP_FILE_LOGGER = {"lm_all_loggers", "lm_val_ckpt", "grpo_val_ckpt", "grpo_nan"
 SOURCE_ROOT = str(HERE.parents[1])  # tracebacks name the checkout: it becomes a neutral path in a fixture
 
 
-def _xz(src: Path, dest: Path) -> None:
+def _xz(src: Path, dest: Path, run: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
+    data = src.read_bytes().replace(SOURCE_ROOT.encode(), b"/src/forensics")
     with lzma.open(dest, "wb", preset=9 | lzma.PRESET_EXTREME) as out:
-        out.write(src.read_bytes().replace(SOURCE_ROOT.encode(), b"/src/forensics"))
+        out.write(data.replace(str(run).encode(), f"/runs/{run.name}".encode()))
+
+
+def _trim_wandb(src: Path, dest: Path) -> None:
+    """The run's history records only, framed as W&B frames them: its other records (the run, the host, the
+    environment, files) name this machine's paths."""
+    from wandb.proto import wandb_internal_pb2
+
+    from forensics.sources.wandb_offline import BLOCK, FIRST, FULL, LAST, MIDDLE, RECORD_HEADER, checksum, records
+
+    data = src.read_bytes()
+    out = bytearray(data[:7])
+    for payload in records(data):
+        if wandb_internal_pb2.Record.FromString(payload).WhichOneof("record_type") != "history":
+            continue
+        first = True
+        while True:
+            left = BLOCK - len(out) % BLOCK
+            if left < RECORD_HEADER:
+                out += b"\0" * left
+                continue
+            piece, payload = payload[: left - RECORD_HEADER], payload[left - RECORD_HEADER :]
+            kind = (FULL if not payload else FIRST) if first else (LAST if not payload else MIDDLE)
+            out += struct.pack("<IHB", checksum(kind, piece), len(piece), kind) + piece
+            first = False
+            if not payload:
+                break
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_bytes(bytes(out))
 
 
 def _expected(spec: Spec, steps: int) -> str:
@@ -335,7 +371,7 @@ def fixtures(raw: Path, dest: Path) -> None:
         out = dest / f"cpu_{spec.name}"
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
-        _xz(log, out / "driver.log.xz")
+        _xz(log, out / "driver.log.xz", run)
         for path in sorted(run.rglob("*")):
             rel = path.relative_to(run)
             if not path.is_file() or rel.parts[0] == "checkpoints" or path.name == "driver.log":
@@ -344,8 +380,12 @@ def fixtures(raw: Path, dest: Path) -> None:
                 continue
             if rel.parts[0] == "mlruns" and "metrics" not in rel.parts:  # run metadata names this machine's paths
                 continue
+            if rel.parts[0] == "wandb":
+                if path.suffix == ".wandb":
+                    _trim_wandb(path, out / rel)
+                continue
             if path.suffix in (".jsonl", ".csv"):
-                _xz(path, out / f"{rel}.xz")
+                _xz(path, out / f"{rel}.xz", run)
             else:
                 (out / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, out / rel)
@@ -363,20 +403,22 @@ def tally(runs: Path) -> None:
     from forensics.model import severity_rank
     from forensics.pipeline import analyze
 
-    healthy, alarms, infos, faults = 0, Counter(), Counter(), []
+    healthy, alarmed, alarms, infos, faults = 0, 0, Counter(), Counter(), []
     for expected_file in sorted(runs.glob("*/expected.yaml")):
         expected = yaml.safe_load(expected_file.read_text())
         a = analyze([expected_file.parent])
         if expected["status"] == "healthy":
             healthy += 1
-            alarms.update({f.rule for f in a.findings if severity_rank(f.severity) > 0})
+            raised = {f.rule for f in a.findings if severity_rank(f.severity) > 0}
+            alarmed += bool(raised)
+            alarms.update(raised)
             infos.update({f.rule for f in a.findings if severity_rank(f.severity) == 0})
         elif "fault" in expected:
             root, want = a.verdict.root_cause, expected["root_cause"]
             error = abs(root.step - want["step"]) if root is not None and root.step is not None else None
             found = error is not None and root.rule in want["rule"] and error <= expected["step_tolerance"]
             faults.append((expected_file.parent.name, expected["fault"]["kind"], want["step"], root, error, found))
-    print(f"healthy runs: {healthy}; runs with an alarm: {sum(1 for _ in alarms.elements())}")
+    print(f"healthy runs: {healthy}; runs with an alarm: {alarmed}")
     for rule in sorted(set(alarms) | set(infos)):
         print(f"  {rule:32s} alarms {alarms[rule]}/{healthy} ({alarms[rule] / healthy:.1%}), info {infos[rule]}")
     hits = [f for f in faults if f[5]]

@@ -4,9 +4,9 @@
 Healthy or with an injected fault (`--fault`), single process or gloo DDP (`--ddp 2`, launched with
 torchrun). Rank 0 logs each step as verl does (console `step:N - key:value` lines via pprint.pformat,
 and the file logger's JSONL), and optionally the same metrics where other tools keep them:
-`--also flat_jsonl,csv,tensorboard,mlflow` (flat `{"step": N, "train/loss": ...}` records, a CSV with a
+`--also flat_jsonl,csv,tensorboard,mlflow,wandb` (flat `{"step": N, "train/loss": ...}` records, a CSV with a
 `step` column as Lightning's CSVLogger writes it, TensorBoard event files from torch's SummaryWriter, MLflow's
-file store from `mlflow.log_metrics`).
+file store from `mlflow.log_metrics`, an offline W&B run from `wandb.log`).
 
 Faults (real, not simulated): `lr_high` (a learning rate far too high from the start), `lr_jump@N`
 (the schedule multiplies the learning rate at step N), `nan@N` (the learning rate goes to 1e4 without
@@ -125,6 +125,11 @@ class Loggers:
             mlflow.set_tracking_uri((run_dir / "mlruns").as_uri())
             mlflow.start_run(run_name=name)
             self.mlflow = mlflow
+        self.wandb = None
+        if "wandb" in also:  # an offline W&B run: wandb/offline-run-*/run-*.wandb
+            import wandb
+
+            self.wandb = wandb.init(project="forensics-capture", name=name, dir=str(run_dir), mode="offline")
         if "tensorboard" in also:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -156,6 +161,8 @@ class Loggers:
                 self.tb.add_scalar(k, v, step)
         if self.mlflow:
             self.mlflow.log_metrics(metrics, step=step)
+        if self.wandb:
+            self.wandb.log(metrics, step=step)
 
     def close(self) -> None:
         for f in (self.verl, self.flat, self.csv_file):
@@ -165,6 +172,8 @@ class Loggers:
             self.tb.close()
         if self.mlflow:
             self.mlflow.end_run()
+        if self.wandb:
+            self.wandb.finish()
 
 
 def main() -> None:

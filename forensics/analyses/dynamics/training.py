@@ -292,7 +292,8 @@ def _episodes(y: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
     reaches over the run, (EPISODE_NOISE_MARGIN + sqrt(2 ln n)) sigmas, where sigma is how far the loss
     dips *below* its trend: upward bounces, the mark of overshooting updates, do not inflate it. A single
     high step is an episode only when it stands EPISODE_SINGLE_STEP_RISE above the level: variable lengths and
-    odd batches make smaller ones in healthy runs.
+    odd batches make smaller ones in healthy runs. Nothing counts before the loss has first fallen below its
+    start: a warm-up bump loses no progress.
     """
     trail = trailing_median(y, 9)
     windows = np.lib.stride_tricks.sliding_window_view(
@@ -303,7 +304,9 @@ def _episodes(y: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
     k = EPISODE_NOISE_MARGIN + math.sqrt(2 * math.log(max(len(y), 2)))
     threshold = np.maximum(k * max(below, 0.0), EPISODE_RELATIVE * np.abs(best))
     rise = (y - best) / np.maximum(np.abs(best), 1e-12)
-    runs = runs_of(y - best > threshold)
+    start = float(np.median(y[:3]))
+    learnt = best < start - EPISODE_RELATIVE * abs(start)  # before it has learnt anything there is nothing to lose
+    runs = runs_of((y - best > threshold) & learnt)
     kept = [(a, b) for a, b in runs if b - a + 1 >= EPISODE_MIN_STEPS or rise[a] >= EPISODE_SINGLE_STEP_RISE]
     return kept, best
 
