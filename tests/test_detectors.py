@@ -328,3 +328,13 @@ def test_a_critic_loss_that_grows_with_the_returns_is_not_judged():
         0.05 * (1 + 9 * np.arange(STEPS) / STEPS) * np.random.default_rng(22).lognormal(0, 0.2, STEPS)
     )
     assert _run(curves) == []
+
+
+def test_memory_that_grows_with_the_response_length_is_the_workload_not_a_leak():
+    curves = _healthy_rl(23)
+    t = np.arange(STEPS)
+    curves["response_length/mean"] = 600 + 20 * t + np.random.default_rng(23).normal(0, 30, STEPS)
+    curves["perf/max_memory_allocated_gb"] = 20 + 0.01 * curves["response_length/mean"]
+    assert _run(curves, environment={"gpu_memory_total_mib": 81920}) == []
+    curves["response_length/mean"] = np.full(STEPS, 900.0)  # the same growth at a constant length is a leak
+    assert [f.rule for f in _run(curves, environment={"gpu_memory_total_mib": 81920})] == ["memory-growth"]

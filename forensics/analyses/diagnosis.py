@@ -345,8 +345,8 @@ def _statistical_confidence(root: Finding, findings: list[Finding]) -> float:
         return 0.5
     window = max(10, CORROBORATION_WINDOW * root.step)
     others = {
-        f.rule
+        (f.rule, f.fields.get("metric"))
         for f in findings
-        if f is not root and f.cls == root.cls and f.step is not None and abs(f.step - root.step) <= window
-    }
+        if f.cls == root.cls and f.step is not None and abs(f.step - root.step) <= window
+    } - {(root.rule, root.fields.get("metric"))}  # another detector, or the same one on another curve
     return min(0.85, 0.55 + 0.1 * len(others))

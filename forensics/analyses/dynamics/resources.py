@@ -31,6 +31,8 @@ from forensics.catalogue import Detection
 MEMORY_MIN_TAU = 0.7  # memory rises almost every step
 MEMORY_MIN_RISE_GIB = 1.0
 MEMORY_MIN_RISE_FRACTION = 0.05  # of the GPU's capacity
+LENGTH_GROWTH_TAU = 0.5  # sequence lengths that rise this steadily explain memory that rises with them...
+LENGTH_MEMORY_RATIO = 3.0  # ...by up to three times their relative rise
 HINGE_CANDIDATES = 200  # break points tried when a leak may have begun mid-run
 HINGE_GAIN = 0.5  # the hinge must halve the squared error of a straight line to say the rise began later
 THROUGHPUT_DROP = 0.15  # a sustained drop of 15% or more...
@@ -88,6 +90,30 @@ def growth_onset(x: np.ndarray, y: np.ndarray) -> int:
     return best
 
 
+def _relative_rise(y: np.ndarray) -> float:
+    head, tail = float(np.median(y[:3])), float(np.median(y[-3:]))
+    return tail / head - 1 if head > 0 else float("inf")
+
+
+def _lengths_grow(ctx: Context, memory: Curve) -> bool:
+    """Whether the sequences grew steadily over these steps (response length rising as an RL policy learns to
+    think longer) and as much as the memory did: memory that follows them is the workload, not a leak.
+
+    Activation memory grows with length, attention's up to its square: memory that rose by more than
+    LENGTH_MEMORY_RATIO times the length's relative rise is not explained by it."""
+    steps = memory.steps
+    for metric, curve in sorted(ctx.curves.items()):
+        if ctx.kind_of(metric) != "length" or "max" in metric or "min" in metric:
+            continue
+        finite = curve.finite()
+        window = finite.values[(finite.steps >= steps[0]) & (finite.steps <= steps[-1])]
+        if len(window) < MIN_POINTS or kendall_tau(window) < LENGTH_GROWTH_TAU:
+            continue
+        if _relative_rise(memory.values) <= LENGTH_MEMORY_RATIO * max(_relative_rise(window), 0.0):
+            return True
+    return False
+
+
 def _gpu_peaks(ctx: Context) -> dict[int, float]:
     used = ctx.gpu.filter((pl.col("metric") == "gpu/memory_used_mib") & pl.col("rank").is_not_null())
     if used.is_empty():
@@ -132,6 +158,8 @@ def detect_memory_growth(ctx: Context) -> list[Detection]:
         if onset:
             judged = Curve(curve.metric, judged.steps[onset:], judged.values[onset:])
             growth = _growth(judged.steps.astype(float), judged.values, min_rise) or growth
+        if _lengths_grow(ctx, judged):
+            continue  # longer sequences need more memory: the workload grew, not a leak
         first, last = int(judged.steps[0]), int(judged.steps[-1])
         fields: dict[str, Any] = {"growth_gib_per_step": round(growth.slope, 4), "leads_to": cls}
         explanation = (

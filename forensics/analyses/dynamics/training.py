@@ -582,8 +582,8 @@ def detect_kl_blowup(ctx: Context) -> list[Detection]:
         step = int(judged.steps[a])
         explanation = (
             f"|{curve.metric}| jumped from a recent level of {fmt(float(history[a]))} to {fmt(float(y[a]))} at step "
-            f"{step} ({KL_FACTOR:.0f}x its history and above {fmt(floor)}) for {b - a + 1} steps, peaking at "
-            f"{fmt(peak)}. "
+            f"{step} ({float(y[a]) / max(float(history[a]), 1e-12):.0f}x; the limit is {KL_FACTOR:.0f}x its recent "
+            f"level and at least {fmt(floor)}) for {b - a + 1} steps, peaking at {fmt(peak)}. "
             + (
                 "Each update moves the policy far from the one that generated the rollouts: the PPO ratio is "
                 "clipped for most tokens and the update is no longer trustworthy."
