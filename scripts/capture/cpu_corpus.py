@@ -419,7 +419,10 @@ def tally(runs: Path) -> None:
             found = error is not None and root.rule in want["rule"] and error <= expected["step_tolerance"]
             faults.append((expected_file.parent.name, expected["fault"]["kind"], want["step"], root, error, found))
     print(f"healthy runs: {healthy}; runs with an alarm: {alarmed}")
-    for rule in sorted(set(alarms) | set(infos)):
+    from forensics.pipeline import load_catalogue
+
+    detectors = sorted(e.id for e in load_catalogue([], text_rules=False).entries.values() if e.is_detector)
+    for rule in sorted(set(detectors) | set(alarms) | set(infos)):
         print(f"  {rule:32s} alarms {alarms[rule]}/{healthy} ({alarms[rule] / healthy:.1%}), info {infos[rule]}")
     hits = [f for f in faults if f[5]]
     errors = [f[4] for f in hits]
