@@ -211,18 +211,19 @@ def _explains(cause: Finding, effect: Finding) -> bool:
         return False
     if cause.cls == "unknown_crash" and cause.sort_key() > effect.sort_key():
         return False  # an unrecognised exception cannot explain what happened before it
-    if cause.strength != "direct" and effect.strength != "direct" and _later(cause, effect):
+    if cause.strength != "direct" and effect.strength != "direct" and _before(effect, cause):
         return False  # a reading of the curves explains only what came after it
     if effect.cls in cause.symptom_of:  # mutual: the earlier one is the cause
         return cause.sort_key() <= effect.sort_key()
     return True
 
 
-def _later(a: Finding, b: Finding) -> bool:
-    """Whether `a` began after `b`, by step where both have one (detector findings carry no time of their own)."""
+def _before(a: Finding, b: Finding) -> bool:
+    """Whether `a` began before `b`: by step where both have one (detector findings carry no time of their
+    own), else by time and position."""
     if a.step is not None and b.step is not None:
-        return a.step > b.step
-    return a.sort_key() > b.sort_key()
+        return a.step < b.step
+    return a.sort_key() < b.sort_key()
 
 
 def _symptoms(others: list[Finding]) -> list[Symptom]:
@@ -329,13 +330,6 @@ def _rank_by_evidence(root: Finding, independent: list[Finding], findings: list[
         "a finding read from the curves unless the logs link the two."
     )
     return root, why, False
-
-
-def _before(a: Finding, b: Finding) -> bool:
-    """Whether `a` began before `b`: by step where both have one, else by time and position."""
-    if a.step is not None and b.step is not None:
-        return a.step < b.step
-    return a.sort_key() < b.sort_key()
 
 
 def _statistical_confidence(root: Finding, findings: list[Finding]) -> float:
