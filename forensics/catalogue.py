@@ -104,6 +104,7 @@ class Catalogue:
             symptom_of=entry.symptom_of,
             step=detection.step,
             explanation=detection.explanation,
+            strength=entry.evidence,
         )
 
     def describe_all(self, detections: Iterable[Detection]) -> list[Finding]:

@@ -17,6 +17,7 @@ from forensics.batch import ENGINES, BatchError, RunSpec, Settings, find_runs, r
 from forensics.diff import compare
 from forensics.discover import run_name
 from forensics.evaluation import SPLITS, CorpusError, below_floors, evaluate, read_corpus, read_floors
+from forensics.metric_semantics import MetricFileError, load_vocabulary
 from forensics.model import SEVERITIES, Analysis, severity_rank
 from forensics.package_data import patterns_dir
 from forensics.pipeline import Options, analyze
@@ -93,6 +94,8 @@ def rules_checked():
         yield
     except RuleLoadError as exc:
         raise InputError(f"invalid rules:\n{exc}\nRun `forensics patterns lint DIR` for every problem.") from exc
+    except MetricFileError as exc:
+        raise InputError(f"invalid metrics file: {exc}") from exc
 
 
 def _inside(path: Path, folders: list[Path]) -> bool:
@@ -520,10 +523,15 @@ def patterns_show(rule_id: str, extra: tuple[Path, ...]) -> None:
 def patterns_lint(dirs: tuple[Path, ...]) -> None:
     """Report every problem in the rules at once (the bundled ones when no DIR is given)."""
     _, errors = load_rules(list(dirs) or [patterns_dir()], collect=True)
-    for error in errors:
-        click.echo(str(error))
-    if errors:
-        raise InputError(f"{len(errors)} problem(s)")
+    problems = [str(e) for e in errors]
+    try:
+        load_vocabulary(dirs)
+    except MetricFileError as exc:
+        problems.append(str(exc))
+    for problem in problems:
+        click.echo(problem)
+    if problems:
+        raise InputError(f"{len(problems)} problem(s)")
     click.echo("all rules are valid")
 
 

@@ -83,6 +83,7 @@ class Finding:
     symptom_of: tuple[str, ...] = ()
     step: int | None = None
     explanation: str = ""
+    strength: str = "direct"  # what the evidence is: direct (a crash line), measured (a NaN), statistical
 
     def sort_key(self) -> tuple[datetime, int, int, int]:
         """Time order, then the position in the input (file, line, sequence) where times are missing."""
@@ -102,6 +103,7 @@ class Finding:
             "ts_inferred": self.ts_inferred,
             "step": self.step,
             "count": self.count,
+            "evidence_strength": self.strength,
             "fields": self.fields,
             "explanation": self.explanation,
             "evidence": [e.to_json() for e in self.evidence],
@@ -151,6 +153,7 @@ class Verdict:
     candidates: list[Finding]
     summary: str
     reason: Inconclusive | None = None  # set exactly when the status is `inconclusive`
+    ranking: str = ""  # why the root cause outranked another candidate, when one was earlier or stronger
 
     def to_json(self) -> dict[str, Any]:
         root = None
@@ -176,6 +179,7 @@ class Verdict:
             "status": self.status,
             "summary": self.summary,
             "reason": self.reason.to_json() if self.reason else None,
+            "ranking": self.ranking,
             "root_cause": root,
             "symptoms": [s.to_json() for s in self.symptoms],
             "candidates": [{"class": c.cls, "rule": c.rule, "rank": c.rank, "host": c.host} for c in self.candidates],

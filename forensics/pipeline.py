@@ -18,6 +18,7 @@ from forensics.analyses.ray_cluster import ray_summary
 from forensics.analyses.traces import review_traces
 from forensics.catalogue import Catalogue
 from forensics.discover import SKIPPED, TEXT_LOG, Run, RunFile, discover, quiet_small_files
+from forensics.metric_semantics import load_vocabulary
 from forensics.model import Analysis, FileReport, Finding
 from forensics.package_data import patterns_dir
 from forensics.rules import load_rules
@@ -152,7 +153,10 @@ def _analyse(run: Run, paths: list[Path], options: Options, clock: _Clock) -> An
     file_order = {rf.rel: i for i, rf in enumerate(run.files)}
     findings = build_findings(events, catalogue, file_order)
     findings += catalogue.describe_all(flight_recorder_detections(read.extras.get("flight_recorder", [])))
-    detections, detector_warnings = detect(series, events, read.marks, file_order, read.environment, read.config)
+    vocabulary = load_vocabulary(options.patterns)
+    detections, detector_warnings = detect(
+        series, events, read.marks, file_order, read.environment, read.config, vocabulary
+    )
     findings += dynamics_findings(findings, detections, catalogue)
     traces = review_traces(read.extras, file_order)
     findings += catalogue.describe_all(traces.detections)

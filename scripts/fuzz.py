@@ -41,9 +41,13 @@ sys.path.insert(0, str(REPO))
 
 from tests.hostile import tree_state  # noqa: E402
 
-SEED_RUNS = sorted(p for p in (REPO / "tests" / "fixtures" / "runs").iterdir() if p.is_dir()) + sorted(
-    p for p in (REPO / "examples").iterdir() if p.is_dir()
-)
+# The CPU corpus (cpu_*) repeats a few input kinds over many runs: one seed per kind of file it holds.
+CPU_SEEDS = {"cpu_lm_all_loggers", "cpu_lm_mlflow", "cpu_lm_plain_console", "cpu_grpo_nan", "cpu_lm_ddp2"}
+SEED_RUNS = sorted(
+    p
+    for p in (REPO / "tests" / "fixtures" / "runs").iterdir()
+    if p.is_dir() and (not p.name.startswith("cpu_") or p.name in CPU_SEEDS)
+) + sorted(p for p in (REPO / "examples").iterdir() if p.is_dir())
 STARTUP_S = 300  # a worker's imports and rules; not part of any input's time
 REPORT_LIMIT_BYTES = 5 * 1024**2
 MAX_INPUT_BYTES = 8 * 1024**2  # per mutated file: size is not what this fuzzes (tests/test_hostile_inputs.py is)

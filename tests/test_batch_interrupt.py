@@ -109,7 +109,7 @@ def test_a_stuck_analysis_is_stopped_and_the_batch_goes_on(tmp_path: Path, fleet
     rows = {r["run"]: r for r in result.fleet.iter_rows(named=True)}
     assert rows["b-ok"]["status"] == "error"
     assert rows["b-ok"]["error"] == "the analysis ran past the per-run timeout of 30 s and was stopped"
-    assert (rows["a-oom"]["status"], rows["c-leak"]["status"]) == ("failed", "failed"), "the others are analysed"
+    assert (rows["a-oom"]["status"], rows["c-leak"]["status"]) == ("failed", "failed"), rows["c-leak"]["error"]
     assert set(began) == {"a-oom", "b-ok", "c-leak"}, "each run is announced as it begins"
     assert multiprocessing.active_children() == []
 

@@ -143,11 +143,12 @@ def test_divergence_names_the_step_the_loss_turned():
     assert found[0].severity == "error" and found[0].cls == "training_instability"
 
 
-def test_single_spike_is_a_warning_at_its_step():
+def test_single_spike_is_information_at_its_step():
+    """Healthy runs have isolated spikes (a batch of outliers): the finding is there, but it is no alarm."""
     curves = _healthy_rl(3)
     curves["actor/grad_norm"][49] = 12.0
     found = [f for f in _run(curves) if f.rule == "metric-spike"]
-    assert [(f.fields["metric"], f.step, f.severity) for f in found] == [("actor/grad_norm", 50, "warning")]
+    assert [(f.fields["metric"], f.step, f.severity) for f in found] == [("actor/grad_norm", 50, "info")]
     assert found[0].fields["spans"] == [[50, 50]]
 
 
@@ -158,11 +159,22 @@ def test_grad_norm_explosion_to_the_end_is_an_error():
     assert [(f.step, f.severity) for f in found] == [(61, "error")]
 
 
-def test_entropy_collapse():
+def test_entropy_collapse_while_the_reward_stalls():
     curves = _healthy_rl(5)
     curves["actor/entropy"][45:] = 0.01
+    curves["critic/score/mean"][45:] = curves["critic/score/mean"][40:45].mean()  # no more exploration to learn from
     found = [f for f in _run(curves) if f.rule == "entropy-collapse"]
     assert [(f.step, f.fields["steps"]) for f in found] == [(46, [46, 80])]
+    assert "did not improve after it" in found[0].explanation
+
+
+def test_entropy_falling_while_the_reward_rises_is_learning():
+    """GRPO-style RL whose reward rose 15x while entropy fell steadily to 5% of its start: no finding."""
+    curves = _healthy_rl(5)
+    t = np.arange(1, STEPS + 1)
+    curves["actor/entropy"] = 2.0 * np.exp(-3 * t / STEPS)
+    curves["critic/score/mean"] = 0.04 + 0.56 * t / STEPS + np.random.default_rng(5).normal(0, 0.02, STEPS)
+    assert [f for f in _run(curves) if f.rule == "entropy-collapse"] == []
 
 
 def test_kl_blowup_names_the_metric_and_step():
@@ -293,3 +305,36 @@ def test_noisy_but_healthy_losses_do_not_oscillate(seed):
     }
     series = _series(curves)
     assert _describe(series, empty_events(), _marks(n)) == []
+
+
+def test_a_warm_up_bump_that_ends_below_the_start_raises_nothing():
+    """The issue's shape: 11.1 -> 16 -> 9.4 over the first 60 steps of warm-up, then learning as usual."""
+    rng = np.random.default_rng(21)
+    n = 300
+    t = np.arange(n)
+    warm = np.interp(t, [0, 25, 60], [11.1, 16.0, 9.4])
+    loss = np.where(t < 60, warm, 9.4 * np.exp(-(t - 60) / 200) + 2.0 * (1 - np.exp(-(t - 60) / 200)))
+    loss = loss + rng.normal(0, 0.05, n)
+    found = _describe(
+        _series({"train/loss": loss, "train/lr": np.minimum(1.0, (t + 1) / 60) * 3e-4}), empty_events(), _marks(n)
+    )
+    assert found == []
+
+
+def test_a_critic_loss_that_grows_with_the_returns_is_not_judged():
+    """PPO's value loss follows the scale of the returns: as the reward grows, so does it."""
+    curves = _healthy_rl(22)
+    curves["critic/vf_loss"] = (
+        0.05 * (1 + 9 * np.arange(STEPS) / STEPS) * np.random.default_rng(22).lognormal(0, 0.2, STEPS)
+    )
+    assert _run(curves) == []
+
+
+def test_memory_that_grows_with_the_response_length_is_the_workload_not_a_leak():
+    curves = _healthy_rl(23)
+    t = np.arange(STEPS)
+    curves["response_length/mean"] = 600 + 20 * t + np.random.default_rng(23).normal(0, 30, STEPS)
+    curves["perf/max_memory_allocated_gb"] = 20 + 0.01 * curves["response_length/mean"]
+    assert _run(curves, environment={"gpu_memory_total_mib": 81920}) == []
+    curves["response_length/mean"] = np.full(STEPS, 900.0)  # the same growth at a constant length is a leak
+    assert [f.rule for f in _run(curves, environment={"gpu_memory_total_mib": 81920})] == ["memory-growth"]

@@ -79,13 +79,19 @@ def test_an_unrecognised_crash_before_the_deaths_is_their_cause_with_low_confide
 
 
 def test_a_warning_alone_is_degraded_not_failed():
-    spikes = _finding("metric-spike", None)
-    verdict = _verdict(spikes)
-    assert (verdict.status, verdict.root_cause.rule) == ("degraded", "metric-spike")
+    bouncing = _finding("loss-oscillation", None)
+    verdict = _verdict(bouncing)
+    assert (verdict.status, verdict.root_cause.rule) == ("degraded", "loss-oscillation")
+
+
+def test_an_info_finding_alone_is_healthy():
+    verdict = _verdict(_finding("metric-spike", None))
+    assert (verdict.status, verdict.root_cause) == ("healthy", None)
+    assert "1 informational finding" in verdict.summary
 
 
 def test_an_error_outranks_an_earlier_warning():
-    spikes = _finding("metric-spike", 1)
+    spikes = _finding("loss-oscillation", 1)
     oom = _finding("cuda-oom", 50, rank=1)
     verdict = _verdict(spikes, oom)
     assert verdict.root_cause is oom and verdict.status == "failed"

@@ -192,7 +192,7 @@ def test_half_written_jsonl_keeps_the_complete_records(tmp_path):
     doc = _json(run)
     assert doc["metrics"]["actor/pg_loss"]["last_step"] == 3
     assert doc["metrics"]["actor/pg_loss"]["last"] == 0.3
-    assert "proj/exp.jsonl: 1 line(s) were not valid file-logger records and were skipped" in doc["warnings"]
+    assert "proj/exp.jsonl: 1 line(s) were not metric records (JSON objects with a step); skipped" in doc["warnings"]
 
 
 def test_corrupt_sqlite_does_not_stop_the_analysis(tmp_path):

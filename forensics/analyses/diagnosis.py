@@ -212,9 +212,19 @@ def _explains(cause: Finding, effect: Finding) -> bool:
         return False
     if cause.cls == "unknown_crash" and cause.sort_key() > effect.sort_key():
         return False  # an unrecognised exception cannot explain what happened before it
+    if cause.strength != "direct" and effect.strength != "direct" and _before(effect, cause):
+        return False  # a reading of the curves explains only what came after it
     if effect.cls in cause.symptom_of:  # mutual: the earlier one is the cause
         return cause.sort_key() <= effect.sort_key()
     return True
+
+
+def _before(a: Finding, b: Finding) -> bool:
+    """Whether `a` began before `b`: by step where both have one (detector findings carry no time of their
+    own), else by time and position."""
+    if a.step is not None and b.step is not None:
+        return a.step < b.step
+    return a.sort_key() < b.sort_key()
 
 
 def _symptoms(others: list[Finding]) -> list[Symptom]:
@@ -241,14 +251,17 @@ def diagnose(
 ) -> Verdict:
     """The first domino among the findings, its story, and what it explains.
 
-    Without findings the run is healthy only when something was read (`unread` says why not) and it was not
-    stopped by hand: nothing read is not healthy (analyses/coverage.py).
+    Without an alarm (a finding above info) the run is healthy only when something was read (`unread` says why
+    not) and it was not stopped by hand: nothing read is not healthy (analyses/coverage.py).
     """
-    if not findings:
+    alarms = [f for f in findings if severity_rank(f.severity) > severity_rank("info")]
+    if not alarms:
         reason = unread or interrupted(events, step_marks)
         if reason is not None:
             return Verdict("inconclusive", None, 0.0, [], [], reason.text, reason)
-        return Verdict("healthy", None, 0.9, [], [], "No failure signature found.")
+        note = f" ({len(findings)} informational finding(s))" if findings else ""
+        return Verdict("healthy", None, 0.9, [], [], f"No failure signature found{note}.")
+    findings = alarms
     reading = Reading(
         series if series is not None else empty_series(),
         frozenset(f.fields["leads_to"] for f in findings if f.fields.get("leads_to")),
@@ -259,18 +272,86 @@ def diagnose(
     serious = [f for f in independent if severity_rank(f.severity) >= severity_rank("error")]
     pool = serious or independent or findings
     root = min(pool, key=lambda f: (f.sort_key(), -severity_rank(f.severity)))
-    status = "failed" if severity_rank(root.severity) >= severity_rank("error") else "degraded"
+    root, ranking, crash_follows = _rank_by_evidence(root, independent, findings)
+    failed = severity_rank(root.severity) >= severity_rank("error") and root.strength != STATISTICAL
+    status = "failed" if failed or crash_follows else "degraded"
     tell(root, findings, events, step_marks, cluster)
     explained = [f for f in findings if f not in independent]
     rival_classes = {f.cls for f in pool if f.cls != root.cls}
     confidence = 0.9 if not rival_classes else max(0.5, 0.9 - 0.15 * len(rival_classes))
     if root.cls == "unknown_crash":
         confidence = 0.4
+    if root.strength == STATISTICAL:
+        confidence = _statistical_confidence(root, findings)
     if root.rank is None and any(f.rank is not None for f in findings):
         confidence -= 0.1
     where = f" on rank {root.rank}" if root.rank is not None else ""
     host = f" ({root.host})" if root.host else ""
     consequence = f"; {len(explained)} other finding(s) are its consequences" if explained else ""
-    summary = f"{root.title}{where}{host}{consequence}."
+    summary = f"{root.title}{where}{host}{consequence}." + (f" {ranking}" if ranking else "")
     candidates = sorted((f for f in pool if f is not root), key=Finding.sort_key)
-    return Verdict(status, root, round(max(0.1, confidence), 2), _symptoms(explained), candidates, summary)
+    return Verdict(
+        status, root, round(max(0.1, confidence), 2), _symptoms(explained), candidates, summary, ranking=ranking
+    )
+
+
+STATISTICAL = "statistical"
+NON_FINITE_WORDS = re.compile(r"\b(?:nan|inf|non-finite|not finite)\b", re.IGNORECASE)
+CORROBORATION_WINDOW = 0.1  # findings within 10% of the root's step (at least 10 steps) corroborate it
+
+
+def _is_crash(f: Finding) -> bool:
+    return f.strength == "direct" and severity_rank(f.severity) >= severity_rank("error")
+
+
+def _linked(soft: Finding, crash: Finding) -> bool:
+    """Whether the logs show the soft finding causing the crash: the crash's entry lists the soft finding's class
+    in `symptom_of`, or a non-finite value was followed by a crash whose own lines speak of NaN/inf."""
+    if soft.cls in crash.symptom_of:
+        return True
+    if soft.strength == "measured" and soft.cls == "training_instability":
+        return any(NON_FINITE_WORDS.search(e.text) for e in crash.evidence)
+    return False
+
+
+def _rank_by_evidence(root: Finding, independent: list[Finding], findings: list[Finding]) -> tuple[Finding, str, bool]:
+    """(root, why, a crash follows from it): crash evidence outranks an earlier statistical or measured finding
+    unless the logs link the two; a crash that the soft root explains still makes the run failed."""
+    crashes = sorted((f for f in findings if _is_crash(f)), key=Finding.sort_key)
+    if root.strength != "direct":
+        linked = [c for c in crashes if _explains(root, c) or _linked(root, c)]
+        if linked:
+            why = (
+                f"It comes before {linked[0].title} and leads to it, so the {root.strength} finding is the cause "
+                "and the crash its consequence."
+            )
+            return root, why, True
+        unexplained = [c for c in crashes if c in independent]
+        if not unexplained:
+            return root, "", False
+        soft, root = root, unexplained[0]
+    else:
+        earlier = [f for f in independent if f.strength != "direct" and _before(f, root) and not _linked(f, root)]
+        if not earlier:
+            return root, "", False
+        soft = min(earlier, key=lambda f: (f.step if f.step is not None else 1 << 30, f.sort_key()))
+    when = f" at step {soft.step}" if soft.step is not None else ""
+    why = (
+        f"It outranks {soft.title}{when}, a {soft.strength} finding that came earlier: crash evidence outranks "
+        "a finding read from the curves unless the logs link the two."
+    )
+    return root, why, False
+
+
+def _statistical_confidence(root: Finding, findings: list[Finding]) -> float:
+    """How strong a statistical root cause is: a lone reading of one curve is weak; other detectors that
+    saw the same class of trouble at about the same step make it stronger."""
+    if root.step is None:
+        return 0.5
+    window = max(10, CORROBORATION_WINDOW * root.step)
+    others = {
+        (f.rule, f.fields.get("metric"))
+        for f in findings
+        if f.cls == root.cls and f.step is not None and abs(f.step - root.step) <= window
+    } - {(root.rule, root.fields.get("metric"))}  # another detector, or the same one on another curve
+    return min(0.85, 0.55 + 0.1 * len(others))

@@ -16,7 +16,9 @@ import regex
 import yaml
 
 from forensics.line_prefixes import FileContext, attribute
+from forensics.metric_semantics import METRICS_FOLDER
 from forensics.rules.model import (
+    EVIDENCE_STRENGTHS,
     LAYERS,
     SEVERITIES,
     TAXONOMY,
@@ -37,6 +39,7 @@ ALLOWED_KEYS = {
     "match",
     "detector",
     "exception",
+    "evidence",
     "extract",
     "extract_window",
     "symptom_of",
@@ -206,6 +209,7 @@ class _RuleBuilder:
             match=tuple(clauses),
             detector=detector,
             exception=family,
+            evidence=str(d.get("evidence", "direct")),
             extract=dict(extract),
             extract_window=window,
             symptom_of=tuple(symptom_of),
@@ -281,6 +285,8 @@ class _RuleBuilder:
             self.error("severity", f"{d['severity']!r} is not one of {', '.join(SEVERITIES)}")
         if d["layer"] not in LAYERS:
             self.error("layer", f"{d['layer']!r} is not one of {', '.join(LAYERS)}")
+        if d.get("evidence", "direct") not in EVIDENCE_STRENGTHS:
+            self.error("evidence", f"{d['evidence']!r} is not one of {', '.join(EVIDENCE_STRENGTHS)}")
 
     def check_symptom_of(self) -> list[str]:
         symptom_of = _as_str_list(self.data.get("symptom_of") or [])
@@ -471,11 +477,15 @@ def _validate(shown: str, text: str) -> tuple[Rule | None, tuple[RuleError, ...]
 
 
 def rule_files(directories: Iterable[Path]) -> list[tuple[Path, Path]]:
-    """(file, root) for every rule file under the directories, in a stable order."""
+    """(file, root) for every rule file under the directories, in a stable order.
+
+    `metrics/` holds what metrics mean (forensics.metric_semantics), not rules.
+    """
     found = []
     for root in directories:
         for path in sorted(root.rglob("*.yaml")) + sorted(root.rglob("*.yml")):
-            found.append((path, root))
+            if path.relative_to(root).parts[0] != METRICS_FOLDER:
+                found.append((path, root))
     return found
 
 

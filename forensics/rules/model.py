@@ -36,6 +36,9 @@ TAXONOMY = (
 )
 SEVERITIES = ("critical", "error", "warning", "info")
 LAYERS = ("infrastructure", "framework", "script")
+# What a finding's evidence is: a line that says what failed (an exception, a kill, a watchdog), a measured
+# fact (a NaN in a step line, a time gap), or a statistical reading of curves (a divergence, a trend).
+EVIDENCE_STRENGTHS = ("direct", "measured", "statistical")
 USER_REGEX_TIMEOUT_S = 1.0
 
 
@@ -89,6 +92,7 @@ class Rule:
     match: tuple[MatchClause, ...]  # empty for a detector's entry
     detector: str = ""  # the code that computes this finding, in place of `match`
     exception: ExceptionMatch | None = None  # an exception family, in place of `match`
+    evidence: str = "direct"  # one of EVIDENCE_STRENGTHS
     extract: dict[str, str] = field(default_factory=dict)
     extract_window: int = 0
     symptom_of: tuple[str, ...] = ()

@@ -14,17 +14,23 @@ from forensics.sources import (
     flight_recorder,
     hydra_config,
     kineto,
+    metrics_csv,
+    metrics_jsonl,
+    mlflow_store,
     nccl,
     nsys,
     nvidia_smi,
     nvidia_smi_q,
     ray_events,
     ray_session,
+    tensorboard,
     torch_distributed,
     torchrun,
     traceback,
+    trainer_lines,
     verl,
     versions,
+    wandb_offline,
 )
 from forensics.sources.base import FileSource, LineExtractor
 
@@ -32,6 +38,7 @@ MODULES: list[ModuleType] = [verl, traceback, torchrun, torch_distributed, nccl,
 MODULES += [hydra_config, collect_env, nvidia_smi_q, dcgm, versions]
 MODULES += [ray_session, ray_events]  # Ray's own logs: session folders and events/*.log
 MODULES += [nsys, kineto]
+MODULES += [trainer_lines, metrics_jsonl, metrics_csv, tensorboard, mlflow_store, wandb_offline]  # beside verl's
 
 
 def line_extractors() -> list[LineExtractor]:

@@ -60,6 +60,7 @@ class Sink:
         self.step_marks: list[tuple[str, int, int]] = []  # (file, line, step) of each step line
         self.config: dict[str, Any] = {}  # flattened dotted keys printed in a text log (verl's config dump)
         self.environment: dict[str, Any] = {}  # versions and hardware named in a text log
+        self.counters: dict[tuple[str, str], int] = {}  # per-file counts a reader keeps (a dict log's n-th record)
 
     def event(
         self,
@@ -148,13 +149,48 @@ class Sink:
 
     @staticmethod
     def merge(sinks: list[Sink]) -> tuple[pl.DataFrame, pl.DataFrame]:
-        """The events and series of many sinks, in order, each table built in one conversion."""
+        """The events and series of many sinks, in order, each table built in one conversion; one sample per
+        (metric, step, rank), from the most precise source that has it (`one_sample_per_step`)."""
         events = _frame([row for sink in sinks for row in sink._events], EVENT_SCHEMA)
         series = {k: [v for sink in sinks for v in sink._series[k]] for k in SERIES_SCHEMA}
-        return events, _frame(series, SERIES_SCHEMA)
+        return events, one_sample_per_step(_frame(series, SERIES_SCHEMA))
 
     def series(self) -> pl.DataFrame:
         return _frame(self._series, SERIES_SCHEMA)
+
+
+# How exactly a source keeps a value: structured files hold float64, TensorBoard float32, text lines what was printed
+# (verl before PR #2303 printed three decimals: a learning rate of 3e-4 reads 0.0).
+SOURCE_PRECISION = {
+    "verl_file_logger": 3,
+    "metrics_jsonl": 3,
+    "metrics_csv": 3,
+    "mlflow": 3,
+    "wandb": 3,
+    "tensorboard": 2,
+}
+TEXT_PRECISION = 1
+
+
+def one_sample_per_step(series: pl.DataFrame) -> pl.DataFrame:
+    """One sample per (metric, step, rank): the same step logged by the console, each rank's stdout, the file
+    logger and TensorBoard is one value, not four, and it comes from the most precise source.
+
+    A copy without a rank (the driver's console) gives way to the ranked copies of the same precision (the
+    same print, seen in that rank's own stdout). Samples without a step (GPU samples over time) are kept.
+    """
+    stepped = series.filter(pl.col("step").is_not_null())
+    if stepped.is_empty():
+        return series
+    ranked = stepped.with_columns(
+        pl.col("source").replace_strict(SOURCE_PRECISION, default=TEXT_PRECISION, return_dtype=pl.Int8).alias("_p"),
+        pl.int_range(pl.len()).alias("_seq"),
+    )
+    best = ranked.filter(pl.col("_p") == pl.col("_p").max().over("metric", "step"))
+    has_rank = pl.col("rank").is_not_null().any().over("metric", "step")
+    best = best.filter(pl.col("rank").is_not_null() | ~has_rank)
+    kept = best.unique(subset=["metric", "step", "rank"], keep="first", maintain_order=True)
+    return pl.concat([series.filter(pl.col("step").is_null()), kept.sort("_seq").drop("_p", "_seq")])
 
 
 def _frame(data: Any, schema: dict[str, pl.DataType]) -> pl.DataFrame:

@@ -1,4 +1,4 @@
-"""verl's trainer output: console step lines, the config dump, and the file logger's JSONL.
+"""verl's trainer output: console step lines and the config dump (its file logger's JSONL: metrics_jsonl.py).
 
 Console lines look like `(TaskRunner pid=N) step:12 - actor/pg_loss:-0.0036 - perf/throughput:3283.3`,
 with values from `pprint.pformat` (new) or `{v:.3f}` (before verl PR #2303), numpy scalars printed as
@@ -12,15 +12,12 @@ it is read back with `ast.literal_eval` (never `eval`) into flattened dotted key
 from __future__ import annotations
 
 import ast
-import json
 import math
 import re
-from pathlib import Path
 from typing import Any
 
 from forensics.line_prefixes import attribute
-from forensics.sources.base import FileResult, FileSource, Hit, LineExtractor, LineRecord, Sink
-from forensics.textio import open_binary
+from forensics.sources.base import Hit, LineExtractor, LineRecord, Sink
 
 SOURCE = "verl_console"
 STEP_LINE = re.compile(r"(?:^|\s)step:(?P<step>\d+)(?P<kv>(?: - [^\s:][^:]*:\S+)*)")
@@ -32,7 +29,6 @@ MAX_WRAPPED_LINES = 32
 CONFIG_ROOTS = frozenset({"actor_rollout_ref", "data", "trainer", "algorithm", "critic", "reward_model"})
 MAX_CONFIG_LINES = 4000
 MAX_CONFIG_CHARS = 2_000_000
-MAX_RECORD_BYTES = 64 * 1024**2  # a longer "line" of the file logger is read in pieces, each a bad record
 
 
 def parse_value(raw: str) -> float | None:
@@ -206,36 +202,3 @@ EXTRACTORS = [
         _handle_config,
     ),
 ]
-
-
-def _sniff_jsonl(name: str, head: bytes) -> bool:
-    return name.endswith(".jsonl") and head.lstrip().startswith(b'{"step"')
-
-
-def _read_jsonl(path: Path, rel: str, sink: Sink) -> FileResult:
-    """verl's file logger: one `{"step": N, "data": {...}}` per line; truncated last lines are skipped."""
-    result = FileResult()
-    bad = 0
-    with open_binary(path) as fh:
-        for number, raw in enumerate(iter(lambda: fh.readline(MAX_RECORD_BYTES), b""), start=1):
-            result.lines = number
-            try:
-                row = json.loads(raw)
-                step = int(row["step"])
-                data = row["data"]
-            except (ValueError, KeyError, TypeError):
-                bad += 1
-                continue
-            for metric, value in data.items():
-                if value is None:  # orjson writes NaN and inf as null: a metric that became non-finite
-                    value = math.nan
-                if isinstance(value, bool):
-                    value = float(value)
-                if isinstance(value, (int, float)):
-                    sink.sample(metric, float(value), source="verl_file_logger", step=step)
-    if bad:
-        result.warnings.append(f"{rel}: {bad} line(s) were not valid file-logger records and were skipped")
-    return result
-
-
-FILE_SOURCES = [FileSource("verl_jsonl", _sniff_jsonl, _read_jsonl)]

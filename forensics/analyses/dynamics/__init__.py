@@ -27,10 +27,12 @@ from forensics.analyses.dynamics.training import (
     detect_loss_instability,
     detect_non_finite,
     detect_response_clipping,
-    detect_reward_shift,
+    detect_reward_collapse,
+    detect_reward_hacking,
     detect_spikes,
 )
 from forensics.catalogue import Catalogue, Detection
+from forensics.metric_semantics import Vocabulary
 from forensics.model import Finding
 
 NON_FINITE_RULE = "non-finite-loss"  # the text rule that catches the first non-finite step line
@@ -46,7 +48,8 @@ DETECTORS: tuple[Callable[[Context], list[Detection]], ...] = (
     detect_kl_blowup,
     detect_clip_fraction,
     detect_response_clipping,
-    detect_reward_shift,
+    detect_reward_collapse,
+    detect_reward_hacking,
     detect_memory_growth,
     detect_throughput_regression,
     detect_slow_rank,
@@ -61,9 +64,12 @@ def detect(
     file_order: dict[str, int],
     environment: dict[str, Any] | None = None,
     config: dict[str, Any] | None = None,
+    vocabulary: Vocabulary | None = None,
 ) -> tuple[list[Detection], list[str]]:
-    """Every detector's detections for one run, and a warning for each detector that failed (it is skipped)."""
-    ctx = build_context(series, events, step_marks, file_order, environment, config)
+    """Every detector's detections for one run, and a warning for each detector that failed (it is skipped).
+
+    Which metric each detector judges, and as what, is read from the metric files (`vocabulary`)."""
+    ctx = build_context(series, events, step_marks, file_order, environment, config, vocabulary)
     found: list[Detection] = []
     warnings: list[str] = []
     for detector in DETECTORS:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -20,6 +19,7 @@ import polars as pl
 
 from forensics.analyses.explain.cuda_oom import oom_budget
 from forensics.catalogue import Detection
+from forensics.metric_semantics import Vocabulary, bundled
 from forensics.model import Evidence
 
 GPU_SOURCES = ("nvidia_smi", "dcgm")
@@ -60,33 +60,33 @@ class Context:
     mark_ts: dict[int, datetime]  # step -> time inferred from the nearest stamped line before it
     stamped: pl.DataFrame  # events with their own timestamp: file, line, ts
     config: dict[str, Any] = field(default_factory=dict)
+    vocabulary: Vocabulary = field(default_factory=bundled)
+
+    def judged(self, detector: str, kinds: tuple[str, ...] = ()) -> list[Curve]:
+        """The curves the metric files say `detector` judges (of these kinds, when given), by name."""
+        names = self.vocabulary.with_detector(self.curves, detector)
+        return [self.curves[n] for n in names if not kinds or self.vocabulary.kind(n) in kinds]
+
+    def first(self, detector: str, kinds: tuple[str, ...] = ()) -> Curve | None:
+        """The curve `detector` judges first: the metric files' order (verl's names before the others)."""
+        found = {c.metric: c for c in self.judged(detector, kinds)}
+        order = [s.name for s in self.vocabulary.specs if s.name in found]
+        return found[order[0]] if order else (next(iter(found.values())) if found else None)
+
+    def kind_of(self, metric: str) -> str:
+        return self.vocabulary.kind(metric)
 
 
 def metric_leaf(metric: str) -> str:
     return metric.rsplit("/", 1)[-1]
 
 
-def is_loss(metric: str) -> bool:
-    name = metric_leaf(metric)
-    return (name == "loss" or name.endswith("_loss")) and name not in ("entropy_loss", "kl_loss")
-
-
-def is_value_loss(metric: str) -> bool:
-    """A critic's value loss: noisy by nature (its targets move with the policy), not judged for bouncing."""
-    return metric.startswith("critic/") or metric_leaf(metric) in ("vf_loss", "value_loss")
-
-
-def is_grad_norm(metric: str) -> bool:
-    return metric_leaf(metric).endswith("grad_norm")
-
-
-def is_watched_for_non_finite(metric: str) -> bool:
-    name = metric_leaf(metric)
-    return name.endswith("loss") or name.endswith("grad_norm") or name in ("ppo_kl", "entropy")
-
-
-def _reduction(metric: str) -> str:
-    """verl reduces worker metrics with max for keys naming `max`, min for `min`, else mean."""
+def _reduction(metric: str, vocabulary: Vocabulary) -> str:
+    """How copies of one step are joined: the metric file's `reduce`, else verl's rule (max for keys naming
+    `max`, min for `min`, else mean)."""
+    given = vocabulary.spec(metric).reduce
+    if given:
+        return given
     if "max" in metric:
         return "max"
     if "min" in metric:
@@ -99,14 +99,15 @@ def warmup_steps(n: int) -> int:
     return min(10, max(2, n // 10))
 
 
-def step_curves(series: pl.DataFrame) -> dict[str, Curve]:
-    """One run-level curve per metric: the duplicate copies (console, per-rank stdout, JSONL) joined."""
+def step_curves(series: pl.DataFrame, vocabulary: Vocabulary | None = None) -> dict[str, Curve]:
+    """One run-level curve per metric: the copies of each step (one per rank) joined."""
+    vocabulary = vocabulary or bundled()
     by_step = series.filter(pl.col("step").is_not_null() & ~pl.col("source").is_in(GPU_SOURCES))
     if by_step.is_empty():
         return {}
     curves = {}
     for (metric,), part in by_step.group_by("metric"):
-        how = _reduction(str(metric))
+        how = _reduction(str(metric), vocabulary)
         agg = {"max": pl.col("value").max(), "min": pl.col("value").min()}.get(how, pl.col("value").mean())
         grouped = part.group_by("step").agg(agg.alias("value")).sort("step")
         curves[str(metric)] = Curve(
@@ -192,12 +193,14 @@ def build_context(
     file_order: dict[str, int],
     environment: dict[str, Any] | None = None,
     config: dict[str, Any] | None = None,
+    vocabulary: Vocabulary | None = None,
 ) -> Context:
+    vocabulary = vocabulary or bundled()
     gpu = series.filter(pl.col("source").is_in(GPU_SOURCES))
     marks = _marks(step_marks, file_order)
     stamped = events.filter(pl.col("ts").is_not_null() & ~pl.col("ts_inferred")).select("file", "line", "ts")
     return Context(
-        curves=step_curves(series),
+        curves=step_curves(series, vocabulary),
         rank_curves=rank_curves(series),
         gpu=gpu,
         capacity_gib=_capacity_gib(events, environment or {}, gpu),
@@ -206,6 +209,7 @@ def build_context(
         mark_ts=_mark_times(marks, events),
         stamped=stamped,
         config=config or {},
+        vocabulary=vocabulary,
     )
 
 
@@ -277,10 +281,6 @@ def pick(ctx: Context, *names: str) -> Curve | None:
         if name in ctx.curves:
             return ctx.curves[name]
     return None
-
-
-def matching(ctx: Context, predicate: Callable[[str], bool]) -> list[Curve]:
-    return [c for m, c in sorted(ctx.curves.items()) if predicate(m) and not m.startswith("val-")]
 
 
 def after_warmup(curve: Curve) -> Curve | None:
