@@ -178,31 +178,47 @@ def _unknown_crash(events: pl.DataFrame, findings: list[Finding], file_order: di
         return []
     failures = events.filter(pl.col("kind").is_in(["exception", "torchrun_failure", "torchrun_child_failed"]))
     exceptions: list[_Occurrence] = []
+    cut: list[_Occurrence] = []
     exits: list[_Occurrence] = []
     for occ in _rows(failures, file_order):
-        if occ.fields.get("rules"):
-            continue  # a line a rule already explains
+        if occ.fields.get("rules") or occ.fields.get("retried"):
+            continue  # a line a rule already explains, or an attempt that Ray retried
         if occ.row["kind"] == "exception":
             exc, cause = occ.fields.get("exception"), occ.fields.get("cause")
-            if exc in WRAPPER_EXCEPTIONS and (not cause or cause in WRAPPER_EXCEPTIONS):
+            if occ.fields.get("truncated"):
+                cut.append(occ)
+            elif exc in WRAPPER_EXCEPTIONS and (not cause or cause in WRAPPER_EXCEPTIONS):
                 continue
-            if _is_python_exception(occ):
+            elif _is_python_exception(occ):
                 exceptions.append(occ)
         elif occ.fields.get("exitcode", 1) != 0:
             exits.append(occ)
-    pool = exceptions or ([] if serious else exits)
+    pool = exceptions or cut or ([] if serious else exits)
     if not pool:
         return []
     best = min(pool, key=lambda o: (_innermost(o), *_occ_key(o)))
     found = _detection("unknown-crash", best)
     found.count = 1
     found.evidence = [_evidence(best)]
-    if best.fields.get("cause"):
-        found.explanation = (
-            f"{best.fields['exception']}({best.fields['cause']}) wraps a {best.fields['cause']} raised in a "
-            "Ray task; its own traceback is not in these logs."
-        )
+    found.explanation = _unknown_explanation(best.fields)
     return [found]
+
+
+def _unknown_explanation(fields: dict[str, Any]) -> str:
+    """What little an unrecognised exception says: the wrapped class of a Ray wrapper, the last frame of a cut
+    traceback."""
+    if fields.get("cause"):
+        return (
+            f"{fields['exception']}({fields['cause']}) wraps a {fields['cause']} raised in a Ray task; its own "
+            "traceback is not in these logs."
+        )
+    raised = fields.get("raised_at") or {}
+    if fields.get("truncated") and raised:
+        return (
+            f"The log ends inside a traceback, before its exception line: an exception was raised in "
+            f"{raised.get('func')} ({raised.get('file')}:{raised.get('line')}), of a class the log does not show."
+        )
+    return ""
 
 
 def _explains(cause: Finding, effect: Finding) -> bool:

@@ -64,18 +64,24 @@ class ExceptionMatch:
     module: str | None = None  # regex on the exception's module (`torch`, `ray.exceptions`)
     message: str | None = None  # regex searched in the message
     frames: str | None = None  # regex searched in each raising frame, written `path/to/file.py:function`
+    frames_alone: bool = False  # the frames name the family: a traceback cut before its exception line belongs too
 
     def matches(self, cls: str, module: str, message: str, frames: list[str]) -> bool:
+        """Whether an exception belongs to the family; `cls` is "" for a traceback cut before its exception line,
+        which only a family whose frames alone are telling can claim."""
+        if not cls:
+            return self.frames_alone and self._frames_match(frames)
         if cls not in self.types:
             return False
         if self.module is not None and not _compile(self.module).search(module or "", timeout=USER_REGEX_TIMEOUT_S):
             return False
         if self.message is not None and not _compile(self.message).search(message or "", timeout=USER_REGEX_TIMEOUT_S):
             return False
-        if self.frames is not None:
-            pattern = _compile(self.frames)
-            return any(pattern.search(f, timeout=USER_REGEX_TIMEOUT_S) for f in frames)
-        return True
+        return self.frames is None or self._frames_match(frames)
+
+    def _frames_match(self, frames: list[str]) -> bool:
+        pattern = _compile(self.frames) if self.frames else None
+        return pattern is not None and any(pattern.search(f, timeout=USER_REGEX_TIMEOUT_S) for f in frames)
 
 
 @dataclass(frozen=True)
