@@ -32,7 +32,9 @@ MAX_HITS_PER_FILE = 200_000  # a flood of matches stops being read, with a warni
 LOOKBACK_LINES = 64  # how far above an undated error its time is looked for (a long traceback fits)
 CUT_TRACEBACK_LINES = 200  # the last lines of a file read for a traceback cut before its exception line
 CUT_TAIL_BYTES = 4096  # the end of a small file searched for a frame before it is skipped as matching nothing
-FRAME_MARK = b'", line '  # in every traceback frame: `File "x.py", line 12, in f`
+FRAME_TEXT = '", line '  # in every traceback frame: `File "x.py", line 12, in f`
+FRAME_MARK = FRAME_TEXT.encode()
+CUT_LAST_FRAME_LINES = 8  # how close to the end of a file the last frame of a cut traceback is
 RULE_TIME_BUDGET_S = 10.0  # Python time one rule may spend on its candidate lines before it is switched off
 
 
@@ -216,8 +218,11 @@ class TextScanner:
         """A file that ends inside a traceback (a paste cut short, a process killed while printing) still says an
         exception was raised, and where: its last frames become an exception event of unknown class, which the
         exception families whose frames alone are telling may claim, and the diagnosis's fallback may name."""
-        start = max(batch.own_start, len(batch.lines) - CUT_TRACEBACK_LINES)
-        tail = [batch.text(i) for i in range(start, len(batch.lines))]
+        end = len(batch.lines)
+        if not any(FRAME_TEXT in batch.text(i) for i in range(max(batch.own_start, end - CUT_LAST_FRAME_LINES), end)):
+            return  # the last frame of a cut traceback is among the last lines: its source, carets, a cut name follow
+        start = max(batch.own_start, end - CUT_TRACEBACK_LINES)
+        tail = [batch.text(i) for i in range(start, end)]
         cut = cut_traceback(tail, lambda text: attribute(text, fctx).body)
         if cut is None:
             return

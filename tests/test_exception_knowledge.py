@@ -120,6 +120,8 @@ def test_a_family_claims_a_cut_traceback_only_when_its_frames_alone_name_it(tmp_
     assert telling.matches("", "", "", frames) and not not_telling.matches("", "", "", frames)
     assert not telling.matches("", "", "", ["/opt/verl/verl/workers/actor/dp_actor.py:update_policy"])
     assert not telling.matches("KeyError", "", "'x'", frames)  # a named exception still needs its type
+    outer = [*frames, "a.py:f", "b.py:g", "c.py:h"]  # the check is an outer frame: the cut happened deeper
+    assert not telling.matches("", "", "", outer)
 
 
 def test_the_scanner_hands_a_cut_traceback_to_the_families(tmp_path):

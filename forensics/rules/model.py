@@ -37,6 +37,7 @@ TAXONOMY = (
 SEVERITIES = ("critical", "error", "warning", "info")
 LAYERS = ("infrastructure", "framework", "script")
 USER_REGEX_TIMEOUT_S = 1.0
+CUT_RAISING_FRAMES = 3  # the innermost frames of a cut traceback that a family's frames must name
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,10 @@ class ExceptionMatch:
 
     def matches(self, cls: str, module: str, message: str, frames: list[str]) -> bool:
         """Whether an exception belongs to the family; `cls` is "" for a traceback cut before its exception line,
-        which only a family whose frames alone are telling can claim."""
+        which only a family whose frames alone are telling can claim, by the innermost frames (what raised: the
+        outer ones are the program's main loop whatever failed)."""
         if not cls:
-            return self.frames_alone and self._frames_match(frames)
+            return self.frames_alone and self._frames_match(frames[-CUT_RAISING_FRAMES:])
         if cls not in self.types:
             return False
         if self.module is not None and not _compile(self.module).search(module or "", timeout=USER_REGEX_TIMEOUT_S):
