@@ -177,3 +177,20 @@ def test_an_auth_token_refused_by_the_head_is_configuration_not_a_dead_node():
     verdict = _verdict(RUNS / "ray_auth_token")
     assert verdict["root_cause"]["class"] == "config_error"
     assert [s["class"] for s in verdict["symptoms"]] == ["ray_node_died"]
+
+
+@pytest.mark.parametrize(
+    ("previous", "cls"),
+    [("149", "gpu_hardware"), ("74", "gpu_hardware"), ("31", "cuda_error"), ("13", "cuda_error")],
+)
+def test_a_channel_cleanup_takes_the_class_of_the_xid_that_caused_it(tmp_path, previous, cls):
+    """The driver appends " caused by previous Xid N" to an Xid 45 it raises because of an earlier one (the format
+    string in open-gpu-kernel-modules' robust-channel code); a kernel log cut to that line still names the first
+    fault."""
+    (tmp_path / "dmesg.log").write_text(
+        "[1183.002231] NVRM: GPU at PCI:0000:cb:00: GPU-6e4a22b5-7a27-2c04-8b43-6d1bb2c8e1f0\n"
+        f"[1183.285702] NVRM: Xid (PCI:0000:cb:00): 45, pid=3301, name=python3, Ch 00000008 caused by previous Xid "
+        f"{previous}\n",
+        encoding="utf-8",
+    )
+    assert _verdict(tmp_path)["root_cause"]["class"] == cls
