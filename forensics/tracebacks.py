@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Python prints the exception line at the start of a line; loggers may put a `... file.py:N] ` header first.
-# Exception names in the middle of other text (C++ component logs quoting an `RpcError:`) are not exceptions.
+# Exception names in the middle of other text (C++ component logs quoting an `RpcError:`) are not exceptions, nor
+# is a bare `Error:` (every kind of tool prints that); a bare `Exception: ...` is Python's `raise Exception(...)`.
 EXCEPTION_LINE = re.compile(
-    r"^\s*(?:`?\s*|\S[^\]]*\]\s+)(?P<cls>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|KeyboardInterrupt|SystemExit))"
+    r"^\s*(?:`?\s*|\S[^\]]*\]\s+)(?P<cls>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*Error|(?:[A-Z]\w*)?Exception|KeyboardInterrupt|SystemExit))"
     r"(?:\((?P<cause>[\w.]+)\))?(?::\s?(?P<msg>.*)|\s*$)"
 )
 FRAME_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')

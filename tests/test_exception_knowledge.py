@@ -18,7 +18,7 @@ from forensics.rules.model import ExceptionMatch
 from forensics.scan import TextScanner
 from forensics.sources import line_extractors
 from forensics.sources.base import Sink
-from forensics.tracebacks import cut_traceback, reported_as_retried
+from forensics.tracebacks import cut_traceback, parse_exception_line, reported_as_retried
 from tests.conftest import FIXTURES, REPO
 
 OPEN = REPO / "corpus" / "cases" / "open"
@@ -194,3 +194,13 @@ def test_a_channel_cleanup_takes_the_class_of_the_xid_that_caused_it(tmp_path, p
         encoding="utf-8",
     )
     assert _verdict(tmp_path)["root_cause"]["class"] == cls
+
+
+def test_a_bare_exception_is_a_crash_that_names_nothing_and_a_bare_error_line_is_no_exception():
+    """rllm's `raise Exception(f"Trajectory {idx} cannot complete ...")`: an exception of no particular class, so the
+    verdict is unknown_crash; the autoscaler's "Error: No available node types ..." is not a Python exception."""
+    root = _verdict(OPEN / "0571.log")["root_cause"]
+    assert root["class"] == "unknown_crash"
+    assert root["evidence"][0]["text"].startswith("Exception: Trajectory 8 cannot complete")
+    assert parse_exception_line("Error: No available node types can fulfill resource request") is None
+    assert parse_exception_line("Exception in thread Thread-13 (runner):") is None

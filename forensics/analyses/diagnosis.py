@@ -38,7 +38,9 @@ WRAPPER_EXCEPTIONS = {
     "SystemExit",
     "KeyboardInterrupt",
 }
-_PYTHON_EXCEPTION_START = re.compile(r"^\s*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\b(?:\([\w.]+\))?(?::|\s*$)")
+_PYTHON_EXCEPTION_START = re.compile(
+    r"^\s*(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*Error|(?:[A-Z]\w*)?Exception)\b(?:\([\w.]+\))?(?::|\s*$)"
+)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from forensics.tracebacks import frames_above, parse_exception_line, reported_as
 
 SOURCE = "python"
 TRIGGER = (
-    r"(?:^|[\s:\]|])(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|KeyboardInterrupt|SystemExit)"
+    r"(?:^|[\s:\]|])(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*Error|(?:[A-Z]\w*)?Exception|KeyboardInterrupt|SystemExit)"
     r"(?:\([\w.]+\))?(?::|\s*$)"
 )
 FRAMES_LOOKBACK = 120  # lines above an exception searched for its traceback's frames
