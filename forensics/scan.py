@@ -25,10 +25,16 @@ from forensics.prefilter import Literals, literal_finder, owned_lines, required_
 from forensics.rules.model import USER_REGEX_TIMEOUT_S, Rule
 from forensics.sources.base import Hit, LineExtractor, LineRecord, Sink
 from forensics.textio import LineBatch, iter_line_batches, open_binary, prefetched, read_problem
+from forensics.tracebacks import cut_traceback
 
 _NAMED_GROUP = re.compile(r"(?<!\\)\(\?P<\w+>")
 MAX_HITS_PER_FILE = 200_000  # a flood of matches stops being read, with a warning
 LOOKBACK_LINES = 64  # how far above an undated error its time is looked for (a long traceback fits)
+CUT_TRACEBACK_LINES = 200  # the last lines of a file read for a traceback cut before its exception line
+CUT_TAIL_BYTES = 4096  # the end of a small file searched for a frame before it is skipped as matching nothing
+FRAME_TEXT = '", line '  # in every traceback frame: `File "x.py", line 12, in f`
+FRAME_MARK = FRAME_TEXT.encode()
+CUT_LAST_FRAME_LINES = 8  # how close to the end of a file the last frame of a cut traceback is
 RULE_TIME_BUDGET_S = 10.0  # Python time one rule may spend on its candidate lines before it is switched off
 
 
@@ -110,17 +116,21 @@ class TextScanner:
         warnings: list[str] = []
         lines = 0
         hits = 0
+        last: LineBatch | None = None
         try:
             with open_binary(path) as stream:
                 batches = iter_line_batches(stream)
                 for batch in prefetched(batches) if read_ahead else batches:
                     lines = batch.first_line + len(batch.lines) - 1
+                    last = batch
                     if hits < MAX_HITS_PER_FILE:
                         hits += self._scan_batch(batch, rel, fctx, sink)
                         if hits >= MAX_HITS_PER_FILE:
                             warnings.append(
                                 f"{rel}: over {MAX_HITS_PER_FILE} matching lines; the rest were counted, not read"
                             )
+                if last is not None:
+                    self._traceback_cut_at_end(last, rel, fctx, sink)
                 problem = read_problem(stream)
                 if problem:
                     warnings.append(f"{rel}: {problem}; the {lines:,} lines before it were read")
@@ -150,7 +160,7 @@ class TextScanner:
 
         A search can only match more of a whole text than of its lines one by one, so none is missed.
         """
-        found = self.finder.any_in(texts)
+        found = [hit or _may_end_in_traceback(text) for hit, text in zip(self.finder.any_in(texts), texts, strict=True)]
         if self.unfiltered is None or not texts:
             return found
         unfiltered = text_column(texts).str.contains(self.unfiltered).to_list()
@@ -194,7 +204,7 @@ class TextScanner:
                     self._within_budget(pattern.rule, where, lambda rule=pattern.rule: self._apply_rule(rule, rec))
                 except TimeoutError:
                     self._disable(pattern.rule, where, f"its regex timed out (over {USER_REGEX_TIMEOUT_S:g} s) on")
-        if rec.kind == "exception" and self.families:
+        if rec.kind == "exception" and self.families and not rec.fields.get("retried"):
             self._apply_families(rec)
         if hit.ctx.ts is not None:
             earlier.seen(hit.index, hit.ctx.ts)
@@ -204,6 +214,36 @@ class TextScanner:
             rec.ts_inferred = hit.ctx.ts is not None
         if rec.rules or (rec.kind and rec.notable):
             sink.record(rec)
+
+    def _traceback_cut_at_end(self, batch: LineBatch, rel: str, fctx: FileContext, sink: Sink) -> None:
+        """A file that ends inside a traceback (a paste cut short, a process killed while printing) still says an
+        exception was raised, and where: its last frames become an exception event of unknown class, which the
+        exception families whose frames alone are telling may claim, and the diagnosis's fallback may name."""
+        end = len(batch.lines)
+        if not any(FRAME_TEXT in batch.text(i) for i in range(max(batch.own_start, end - CUT_LAST_FRAME_LINES), end)):
+            return  # the last frame of a cut traceback is among the last lines: its source, carets, a cut name follow
+        start = max(batch.own_start, end - CUT_TRACEBACK_LINES)
+        tail = [batch.text(i) for i in range(start, end)]
+        cut = cut_traceback(tail, lambda text: attribute(text, fctx).body)
+        if cut is None:
+            return
+        index = start + cut[0]
+        text = batch.text(index)
+        hit = Hit(rel, batch.line_number(index), text, attribute(text, fctx), batch, index, fctx)
+        rec = LineRecord(hit, kind="exception", source="python", level="error")
+        frames = cut[1].frames
+        rec.fields.update(
+            exception="",
+            truncated=True,
+            raised_at=frames[-1].to_json(),
+            frames=[f"{f.file}:{f.func}" for f in frames[-20:]],
+        )
+        if self.families:
+            self._apply_families(rec)
+        if hit.ctx.ts is None:
+            hit.ctx.ts = _EarlierTimestamps(batch, fctx).before(index)
+            rec.ts_inferred = hit.ctx.ts is not None
+        sink.record(rec)
 
     def _within_budget(self, rule: Rule, where: tuple[str, int], work: Callable[[], object]) -> object:
         """Run a rule's Python regex work, switching the rule off once it has used RULE_TIME_BUDGET_S.
@@ -302,6 +342,11 @@ class _EarlierTimestamps:
         if self.last is not None and self.last[0] >= reach:
             return self.last[1]
         return None
+
+
+def _may_end_in_traceback(text: bytes) -> bool:
+    """Whether a text's last lines hold a traceback frame (it may end in a traceback cut before its exception)."""
+    return FRAME_MARK in text[-CUT_TAIL_BYTES:]
 
 
 def _with_year(fctx: FileContext, path: Path) -> FileContext:

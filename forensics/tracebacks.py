@@ -11,14 +11,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Python prints the exception line at the start of a line; loggers may put a `... file.py:N] ` header first.
-# Exception names in the middle of other text (C++ component logs quoting an `RpcError:`) are not exceptions.
+# Exception names in the middle of other text (C++ component logs quoting an `RpcError:`) are not exceptions, nor
+# is a bare `Error:` (every kind of tool prints that); a bare `Exception: ...` is Python's `raise Exception(...)`.
 # IPython (notebooks) prints the class alone in the traceback's head line: `OutOfMemoryError    Traceback (...)`.
 EXCEPTION_LINE = re.compile(
-    r"^\s*(?:`?\s*|\S[^\]]*\]\s+)(?P<cls>(?:[A-Za-z_]\w*\.)*(?:_?[A-Z]\w*(?:Error|Exception)|Exception|KeyboardInterrupt|SystemExit))"
+    r"^\s*(?:`?\s*|\S[^\]]*\]\s+)(?P<cls>(?:[A-Za-z_]\w*\.)*"
+    r"(?:_?[A-Z]\w*Error|(?:_?[A-Z]\w*)?Exception|KeyboardInterrupt|SystemExit))"
     r"(?:\((?P<cause>[\w.]+)\))?(?::\s?(?P<msg>.*)|\s*$|\s{2,}Traceback \(most recent call last\))"
 )
 FRAME_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 TRACEBACK_HEAD = re.compile(r"Traceback \(most recent call last\)|^\s*During handling of|^\s*The above exception")
+# Ray's report of a failed attempt that it retries: "Task f failed. There are 2 retries remaining, so the task
+# will be retried. Error: User exception:", then the `ray::f()` line and the attempt's traceback.
+RETRY_REPORT = re.compile(r"\bthe task will be retried\b")
+RAY_TASK_LINE = re.compile(r"^\s*(?:\x1b\[[\d;]*m)?ray::[\w.]+\(")
+CUT_NAME = re.compile(r"^\s*[A-Za-z_][\w.]*$")  # an exception line cut inside the class name
 MAX_FRAMES = 40
 _IN_PRINTOUT = re.compile(r"Traceback \(most recent call last\)|During handling of|The above exception|ray::|\^+\s*$")
 
@@ -105,6 +112,54 @@ def frames_above(lines: list[str]) -> tuple[Frame, ...]:
         elif TRACEBACK_HEAD.search(text) or parse_exception_line(text) is not None:
             break
     return tuple(reversed(found))
+
+
+def _unchanged(text: str) -> str:
+    return text
+
+
+def reported_as_retried(lines: list[str], strip: Callable[[str], str] = _unchanged) -> bool:
+    """Whether the traceback that ends just below `lines` (nearest last) is one Ray reports as a failed attempt
+    it retries: not a failure of the run unless the retries run out (then the caller gets the error itself).
+
+    `strip` removes a line's prefixes; the report's lines are read back from the exception to their header.
+    """
+    for text in reversed(lines):
+        body = strip(text)
+        if RETRY_REPORT.search(body):
+            return True
+        if FRAME_LINE.search(body) or RAY_TASK_LINE.match(body) or not body.strip() or body[:1].isspace():
+            continue
+        return False
+    return False
+
+
+def cut_traceback(lines: list[str], strip: Callable[[str], str] = _unchanged) -> tuple[int, RaisedException] | None:
+    """The traceback `lines` end in when they stop before its exception line (a paste cut short, a process killed
+    while printing): the index of its last frame line and an exception of unknown class raised from its frames.
+
+    The lines after the last frame may only be its source and caret lines, blank lines, and a last line cut
+    mid-way (an exception name without its message); a complete traceback ends in its exception line instead.
+    """
+    bodies = [strip(text) for text in lines]
+    end = len(bodies)
+    while end and not bodies[end - 1].strip():
+        end -= 1
+    if end and parse_exception_line(bodies[end - 1]) is not None:
+        return None
+    if end and CUT_NAME.match(bodies[end - 1]):
+        end -= 1  # `vllm.v1.engine.exceptions.Engin`: the exception line, cut inside its name
+    last_frame = None
+    for i in range(end - 1, -1, -1):
+        body = bodies[i]
+        if FRAME_LINE.search(body):
+            last_frame = i
+            break
+        if body.strip() and not body[:1].isspace():
+            return None
+    if last_frame is None:
+        return None
+    return last_frame, RaisedException("", frames=frames_above(bodies[: last_frame + 1]))
 
 
 def last_exception(text: str, strip: Callable[[str], str] = str.strip) -> RaisedException | None:

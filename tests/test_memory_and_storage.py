@@ -125,8 +125,9 @@ def test_a_family_stands_aside_for_a_text_rule_of_its_class_and_reads_what_no_ru
 
 
 def test_an_oserror_of_a_path_is_not_a_storage_failure(tmp_path):
+    """A missing file is a wrong path in the configuration (corpus/LABELS.md), not the storage failing."""
     result = _run(tmp_path, ["FileNotFoundError: [Errno 2] No such file or directory: 'data/train.parquet'"])
-    assert result.verdict.root_cause.cls == "unknown_crash"
+    assert result.verdict.root_cause.cls == "config_error"
 
 
 def test_a_terminated_rank_is_a_consequence_of_the_rank_that_failed(tmp_path):

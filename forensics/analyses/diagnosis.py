@@ -39,7 +39,9 @@ WRAPPER_EXCEPTIONS = {
     "SystemExit",
     "KeyboardInterrupt",
 }
-_PYTHON_EXCEPTION_START = re.compile(r"^\s*(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\b(?:\([\w.]+\))?(?::|\s*$)")
+_PYTHON_EXCEPTION_START = re.compile(
+    r"^\s*(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*Error|(?:[A-Z]\w*)?Exception)\b(?:\([\w.]+\))?(?::|\s*$)"
+)
 
 
 @dataclass
@@ -97,8 +99,7 @@ def build_findings(events: pl.DataFrame, catalogue: Catalogue, file_order: dict[
             if finding is None:
                 finding = grouped[key] = catalogue.describe(_detection(rule_id, occ))
             finding.count += 1
-            if len(finding.evidence) < MAX_EVIDENCE:
-                finding.evidence.append(_evidence(occ))
+            _keep_evidence(finding, _evidence(occ))
             for k, v in occ.fields.items():
                 if k != "rules":
                     finding.fields.setdefault(k, v)
@@ -106,6 +107,34 @@ def build_findings(events: pl.DataFrame, catalogue: Catalogue, file_order: dict[
     findings.extend(catalogue.describe_all(_collective_op_mismatch(events, file_order)))
     findings.extend(catalogue.describe_all(_unknown_crash(events, findings, file_order)))
     return sorted(findings, key=Finding.sort_key)
+
+
+def _keep_evidence(finding: Finding, line: Evidence) -> None:
+    """A few lines per finding, the exceptions themselves before the wrappers that re-raise them
+    (`RayTaskError(X)` lines come first in a log, the X line of the task that raised it later)."""
+    if len(finding.evidence) < MAX_EVIDENCE:
+        finding.evidence.append(line)
+    elif not line.facts.get("cause") and any(e.facts.get("cause") for e in finding.evidence):
+        last_wrapper = max(i for i, e in enumerate(finding.evidence) if e.facts.get("cause"))
+        del finding.evidence[last_wrapper]
+        finding.evidence.append(line)
+    else:
+        return
+    finding.evidence.sort(key=lambda e: bool(e.facts.get("cause")))  # stable: line order within each kind
+
+
+def _only_wrappers(f: Finding) -> bool:
+    """Every line of the finding is a `RayTaskError(X)` whose printout also shows X's own line."""
+    return bool(f.evidence) and all(e.facts.get("cause") and "cause_message" in e.facts for e in f.evidence)
+
+
+def _own_line(root: Finding, pool: list[Finding]) -> Finding:
+    """A root read only from the driver's re-raise (`RayTaskError(X)`) gives way to a finding of its class read
+    from X's own line in the task: that line is the better evidence, and it comes from where the error was."""
+    if not _only_wrappers(root):
+        return root
+    own = [g for g in pool if g.cls == root.cls and not _only_wrappers(g) and g.rank in (root.rank, None)]
+    return min(own, key=Finding.sort_key) if own else root
 
 
 def _fold_unranked(findings: list[Finding]) -> list[Finding]:
@@ -179,31 +208,47 @@ def _unknown_crash(events: pl.DataFrame, findings: list[Finding], file_order: di
         return []
     failures = events.filter(pl.col("kind").is_in(["exception", "torchrun_failure", "torchrun_child_failed"]))
     exceptions: list[_Occurrence] = []
+    cut: list[_Occurrence] = []
     exits: list[_Occurrence] = []
     for occ in _rows(failures, file_order):
-        if occ.fields.get("rules"):
-            continue  # a line a rule already explains
+        if occ.fields.get("rules") or occ.fields.get("retried"):
+            continue  # a line a rule already explains, or an attempt that Ray retried
         if occ.row["kind"] == "exception":
             exc, cause = occ.fields.get("exception"), occ.fields.get("cause")
-            if exc in WRAPPER_EXCEPTIONS and (not cause or cause in WRAPPER_EXCEPTIONS):
+            if occ.fields.get("truncated"):
+                cut.append(occ)
+            elif exc in WRAPPER_EXCEPTIONS and (not cause or cause in WRAPPER_EXCEPTIONS):
                 continue
-            if _is_python_exception(occ):
+            elif _is_python_exception(occ):
                 exceptions.append(occ)
         elif occ.fields.get("exitcode", 1) != 0:
             exits.append(occ)
-    pool = exceptions or ([] if serious else exits)
+    pool = exceptions or cut or ([] if serious else exits)
     if not pool:
         return []
     best = min(pool, key=lambda o: (_innermost(o), *_occ_key(o)))
     found = _detection("unknown-crash", best)
     found.count = 1
     found.evidence = [_evidence(best)]
-    if best.fields.get("cause"):
-        found.explanation = (
-            f"{best.fields['exception']}({best.fields['cause']}) wraps a {best.fields['cause']} raised in a "
-            "Ray task; its own traceback is not in these logs."
-        )
+    found.explanation = _unknown_explanation(best.fields)
     return [found]
+
+
+def _unknown_explanation(fields: dict[str, Any]) -> str:
+    """What little an unrecognised exception says: the wrapped class of a Ray wrapper, the last frame of a cut
+    traceback."""
+    if fields.get("cause"):
+        return (
+            f"{fields['exception']}({fields['cause']}) wraps a {fields['cause']} raised in a Ray task; its own "
+            "traceback is not in these logs."
+        )
+    raised = fields.get("raised_at") or {}
+    if fields.get("truncated") and raised:
+        return (
+            f"The log ends inside a traceback, before its exception line: an exception was raised in "
+            f"{raised.get('func')} ({raised.get('file')}:{raised.get('line')}), of a class the log does not show."
+        )
+    return ""
 
 
 def _explains(cause: Finding, effect: Finding) -> bool:
@@ -271,7 +316,7 @@ def diagnose(
     independent = [f for f in findings if not any(_explains(g, f) for g in findings)]
     serious = [f for f in independent if severity_rank(f.severity) >= severity_rank("error")]
     pool = serious or independent or findings
-    root = min(pool, key=lambda f: (f.sort_key(), -severity_rank(f.severity)))
+    root = _own_line(min(pool, key=lambda f: (f.sort_key(), -severity_rank(f.severity))), pool)
     root, ranking, crash_follows = _rank_by_evidence(root, independent, findings)
     failed = severity_rank(root.severity) >= severity_rank("error") and root.strength != STATISTICAL
     status = "failed" if failed or crash_follows else "degraded"

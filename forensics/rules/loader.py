@@ -27,7 +27,7 @@ from forensics.rules.model import (
     MatchClause,
     Rule,
 )
-from forensics.tracebacks import last_exception
+from forensics.tracebacks import cut_traceback, last_exception
 
 ALLOWED_KEYS = {
     "id",
@@ -50,7 +50,7 @@ ALLOWED_KEYS = {
 }
 REQUIRED_KEYS = ("id", "title", "class", "severity", "layer", "description")
 RULE_ONLY_KEYS = ("match", "examples", "extract", "extract_window")  # a detector's entry has no line to match
-EXCEPTION_KEYS = {"types", "module", "message", "frames"}
+EXCEPTION_KEYS = {"types", "module", "message", "frames", "frames_alone"}
 IDENTIFIER = regex.compile(r"^[A-Za-z_]\w*$")
 KINDS = ("match", "detector", "exception")
 CLAUSE_KEYS = {"regex", "followed_by", "window"}
@@ -270,7 +270,13 @@ class _RuleBuilder:
                     self.error("exception", f"bad {key} regex {pattern!r}: {exc}")
                     continue
                 patterns[key] = pattern
-        return ExceptionMatch(tuple(types), **patterns)
+        frames_alone = raw.get("frames_alone", False)
+        if not isinstance(frames_alone, bool):
+            self.error("exception", "`frames_alone` must be true or false")
+            frames_alone = False
+        if frames_alone and "frames" not in patterns:
+            self.error("exception", "`frames_alone` needs `frames`: the frames that name the family")
+        return ExceptionMatch(tuple(types), **patterns, frames_alone=frames_alone)
 
     def check_identity(self) -> None:
         d = self.data
@@ -403,10 +409,14 @@ def _body(line: str) -> str:
 
 
 def family_fires(family: ExceptionMatch, example: str) -> bool:
-    """Whether the last exception of a traceback (printed with any prefixes) belongs to the family."""
+    """Whether the last exception of a traceback (printed with any prefixes) belongs to the family; an example
+    cut before its exception line is read as the scanner reads a log that ends inside a traceback."""
     raised = last_exception(example, _body)
     if raised is None:
-        return False
+        cut = cut_traceback(example.split("\n"), _body)
+        if cut is None:
+            return False
+        raised = cut[1]
     frames = [f"{f.file}:{f.func}" for f in raised.frames]
     return family.matches(raised.innermost, raised.innermost_module, raised.innermost_message, frames)
 

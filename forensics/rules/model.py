@@ -40,6 +40,7 @@ LAYERS = ("infrastructure", "framework", "script")
 # fact (a NaN in a step line, a time gap), or a statistical reading of curves (a divergence, a trend).
 EVIDENCE_STRENGTHS = ("direct", "measured", "statistical")
 USER_REGEX_TIMEOUT_S = 1.0
+CUT_RAISING_FRAMES = 3  # the innermost frames of a cut traceback that a family's frames must name
 
 
 @dataclass(frozen=True)
@@ -67,18 +68,25 @@ class ExceptionMatch:
     module: str | None = None  # regex on the exception's module (`torch`, `ray.exceptions`)
     message: str | None = None  # regex searched in the message
     frames: str | None = None  # regex searched in each raising frame, written `path/to/file.py:function`
+    frames_alone: bool = False  # the frames name the family: a traceback cut before its exception line belongs too
 
     def matches(self, cls: str, module: str, message: str, frames: list[str]) -> bool:
+        """Whether an exception belongs to the family; `cls` is "" for a traceback cut before its exception line,
+        which only a family whose frames alone are telling can claim, by the innermost frames (what raised: the
+        outer ones are the program's main loop whatever failed)."""
+        if not cls:
+            return self.frames_alone and self._frames_match(frames[-CUT_RAISING_FRAMES:])
         if cls not in self.types:
             return False
         if self.module is not None and not _compile(self.module).search(module or "", timeout=USER_REGEX_TIMEOUT_S):
             return False
         if self.message is not None and not _compile(self.message).search(message or "", timeout=USER_REGEX_TIMEOUT_S):
             return False
-        if self.frames is not None:
-            pattern = _compile(self.frames)
-            return any(pattern.search(f, timeout=USER_REGEX_TIMEOUT_S) for f in frames)
-        return True
+        return self.frames is None or self._frames_match(frames)
+
+    def _frames_match(self, frames: list[str]) -> bool:
+        pattern = _compile(self.frames) if self.frames else None
+        return pattern is not None and any(pattern.search(f, timeout=USER_REGEX_TIMEOUT_S) for f in frames)
 
 
 @dataclass(frozen=True)

@@ -3,18 +3,19 @@
 Each exception line becomes an event with its class, module, message and the frames of the traceback above it;
 for `ray.exceptions.RayTaskError(OutOfMemoryError)` the wrapped class is kept as `cause`, so the diagnosis can
 look through the wrapper to the innermost error, and the catalogue's exception families (`exception:` entries)
-can name the class from the exception itself.
+can name the class from the exception itself. An exception that Ray reports as a failed attempt it retries is
+marked `retried`: it is a failure only when the retries run out, and then the caller raises it again.
 """
 
 from __future__ import annotations
 
 from forensics.line_prefixes import attribute
 from forensics.sources.base import LineExtractor, LineRecord, Sink
-from forensics.tracebacks import frames_above, parse_exception_line, wrapped_exception
+from forensics.tracebacks import frames_above, parse_exception_line, reported_as_retried, wrapped_exception
 
 SOURCE = "python"
 TRIGGER = (
-    r"(?:^|[\s:\]|])(?:[A-Za-z_]\w*\.)*(?:_?[A-Z]\w*(?:Error|Exception)|Exception|KeyboardInterrupt|SystemExit)"
+    r"(?:^|[\s:\]|])(?:[A-Za-z_]\w*\.)*(?:_?[A-Z]\w*Error|(?:_?[A-Z]\w*)?Exception|KeyboardInterrupt|SystemExit)"
     r"(?:\([\w.]+\))?(?::|\s*$|\s{2,}Traceback \(most recent call last\))"
 )
 FRAMES_LOOKBACK = 120  # lines above an exception searched for its traceback's frames
@@ -41,10 +42,13 @@ def _handle_exception(rec: LineRecord, sink: Sink) -> None:
             rec.fields["cause_message"] = inner.message[:500]
     if raised.message:
         rec.fields["exception_message"] = raised.message[:500]
-    frames = frames_above(rec.hit.preceding(FRAMES_LOOKBACK))
+    above = rec.hit.preceding(FRAMES_LOOKBACK)
+    frames = frames_above(above)
     if frames:
         rec.fields["raised_at"] = frames[-1].to_json()
         rec.fields["frames"] = [f"{f.file}:{f.func}" for f in frames[-FRAMES_KEPT:]]
+    if reported_as_retried(above, lambda text: attribute(text, rec.hit.fctx).body):
+        rec.fields["retried"] = True  # an attempt Ray retried: the run goes on, so it is no failure of its own
 
 
 EXTRACTORS = [LineExtractor("exception", SOURCE, TRIGGER, _handle_exception)]

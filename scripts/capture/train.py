@@ -51,6 +51,7 @@ SCENARIOS = {
     "whatif_slow_rank": dict(steps=30, lr=1e-3),
     "whatif_slow_loader": dict(steps=30, lr=1e-3),
     "cascade_nccl_error": dict(steps=40, lr=1e-3),
+    "resume_mismatch": dict(steps=40, lr=1e-3),
 }
 FAULTY = int(os.environ.get("CAPTURE_FAULTY_RANK", "1"))  # the rank a fault is injected on
 
@@ -100,6 +101,21 @@ def fmt_line(step, metrics):
 def orjson_like(metrics):
     # verl's file logger uses orjson, which writes non-finite floats as null
     return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in metrics.items()}
+
+
+def resume_from_other_config(model, run_dir, rank, arch):
+    """resume_mismatch: resume from a checkpoint that an earlier run wrote with another model config (a larger
+    vocabulary, one layer fewer), as after changing the tokenizer and the depth between runs. Rank 0 writes
+    that earlier run's checkpoint; every rank then loads it, strictly, as a resume does."""
+    path = os.path.join(run_dir, "checkpoints", "global_step_40", "model.pt")
+    if rank == 0:
+        earlier = dict(arch, vocab=arch["vocab"] * 2, layers=arch["layers"] - 1)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.save(TinyLM(**earlier).state_dict(), path)
+    dist.barrier()
+    if rank == 0:
+        print(f"Resuming from {path}", flush=True)
+    model.load_state_dict(torch.load(path, map_location="cpu"))
 
 
 def main():
@@ -186,6 +202,8 @@ def main():
 
     torch.manual_seed(0)
     model = TinyLM(vocab, d, layers, heads, seq).to(dev)
+    if sc == "resume_mismatch":
+        resume_from_other_config(model, args.run_dir, rank, dict(vocab=vocab, d=d, layers=layers, heads=heads, seq=seq))
     no_ddp = os.environ.get("CAPTURE_NO_DDP") == "1"  # hand-rolled gradient all-reduce instead of DDP
     ddp = model if no_ddp else DDP(model, device_ids=[local_rank] if use_cuda else None)
     if no_ddp:

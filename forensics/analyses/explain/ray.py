@@ -8,6 +8,8 @@ cluster reading, which sees every node's logs.
 
 from __future__ import annotations
 
+import itertools
+
 from forensics.analyses.explain.context import Reading
 from forensics.analyses.explain.text import join
 from forensics.model import Finding
@@ -16,7 +18,8 @@ ACTOR_GONE = ("ActorDiedError", "RayActorError", "ActorUnavailableError", "Worke
 
 
 def explain_ray_wrapper(finding: Finding, reading: Reading) -> None:
-    """A RayTaskError chain printed outer first: name the innermost task and show its line first."""
+    """A RayTaskError chain printed outer first: name the innermost task and show its line first (after the
+    exception lines of the task itself, where the log has them)."""
     chain = [e for e in finding.evidence if e.facts.get("task") and e.facts.get("cause")]
     if not chain:
         return
@@ -24,7 +27,8 @@ def explain_ray_wrapper(finding: Finding, reading: Reading) -> None:
     task, pid, ip = inner.facts["task"], inner.facts.get("task_pid"), inner.facts.get("task_ip")
     outer = list(dict.fromkeys(e.facts["task"] for e in chain[:-1] if e.facts["task"] != task))
     finding.evidence.remove(inner)
-    finding.evidence.insert(0, inner)
+    own = sum(1 for _ in itertools.takewhile(lambda e: not e.facts.get("cause"), finding.evidence))
+    finding.evidence.insert(own, inner)
     finding.host = ip  # where the error was raised, not where the driver re-raised it
     finding.fields.update(task=task, task_pid=pid, task_ip=ip)
     where = f"{task} (pid {pid} on {ip})"
