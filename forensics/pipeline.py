@@ -13,6 +13,7 @@ from forensics.analyses.diagnosis import build_findings, diagnose
 from forensics.analyses.dynamics import detect, dynamics_findings
 from forensics.analyses.enrich import enrich
 from forensics.analyses.flight_recorder import flight_recorder_detections
+from forensics.analyses.rank_timings import rank_timing_spread
 from forensics.analyses.ray_cluster import ray_summary
 from forensics.analyses.traces import review_traces
 from forensics.catalogue import Catalogue
@@ -147,6 +148,7 @@ def analyze(paths: list[Path], options: Options | None = None) -> Analysis:
     file_order = {rf.rel: i for i, rf in enumerate(run.files)}
     findings = build_findings(events, catalogue, file_order)
     findings += catalogue.describe_all(flight_recorder_detections(read.extras.get("flight_recorder", [])))
+    findings += catalogue.describe_all(rank_timing_spread(events, file_order))
     detections, detector_warnings = detect(series, events, read.marks, file_order, read.environment, read.config)
     findings += dynamics_findings(findings, detections, catalogue)
     traces = review_traces(read.extras, file_order)

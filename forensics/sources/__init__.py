@@ -18,6 +18,7 @@ from forensics.sources import (
     nsys,
     nvidia_smi,
     nvidia_smi_q,
+    rank_measurements,
     ray_events,
     ray_session,
     torch_distributed,
@@ -32,6 +33,7 @@ MODULES: list[ModuleType] = [verl, traceback, torchrun, torch_distributed, nccl,
 MODULES += [hydra_config, collect_env, nvidia_smi_q, dcgm, versions]
 MODULES += [ray_session, ray_events]  # Ray's own logs: session folders and events/*.log
 MODULES += [nsys, kineto]
+MODULES += [rank_measurements]  # last: it reads only lines no other reader took
 
 
 def line_extractors() -> list[LineExtractor]:
