@@ -38,6 +38,7 @@ CASES = [
     ("0097", "hang", "progress-stalled", 2, ..., "waiting 60 s"),
     ("0624", "straggler", "rank-timing-spread", 1, None, "rank 3 arrived last"),
 ]
+FIXTURE_RUNS = Path(__file__).resolve().parent / "fixtures" / "runs"
 
 
 @pytest.mark.parametrize(("case", "cls", "rule", "line", "rank", "words"), CASES, ids=[c[0] for c in CASES])
@@ -113,3 +114,18 @@ def test_step_logs_and_benchmark_tables_are_not_per_rank_tables(tmp_path, case):
     result = analyze([tmp_path / "train.log"])
     assert rank_timing_spread(result.events, {}) == []
     assert result.verdict.status == "healthy"
+
+
+def test_a_timed_collective_names_the_rank_that_arrived_last():
+    """Real 4-rank Gloo run: rank 3 starts each timed all_reduce 0.4 s late; it spends the least time in it."""
+    root = analyze([FIXTURE_RUNS / "gloo_rank_timing"]).verdict.root_cause
+    assert (root.cls, root.rank) == ("straggler", 3)
+    assert root.fields["quickest"] == 3 and root.fields["spread"] > 40
+    assert "rank 3, with the least time in it, arrived last" in root.explanation
+
+
+def test_a_gloo_timeout_names_the_rank_that_never_timed_out():
+    """Real 2-rank Gloo run: rank 0 times out; rank 1, asleep, logged but never timed out."""
+    root = analyze([FIXTURE_RUNS / "gloo_timeout"]).verdict.root_cause
+    assert (root.cls, root.rank) == ("nccl_timeout", 1)
+    assert "Rank 1 logged but never timed out while ranks [0] waited" in root.explanation

@@ -11,6 +11,7 @@ waited for it in the collective). The finding says so rather than guess.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -22,6 +23,9 @@ from forensics.sources.rank_measurements import KIND
 SPREAD = 4.0  # max / min of one measurement across the ranks of a table
 MIN_RANKS = 3  # with two ranks a spread is as likely one rank's start-up as the other's slowness
 MAX_GAP_LINES = 50  # rows of one table further apart than this belong to different tables
+COLLECTIVE = re.compile(
+    r"(?i)all[_-]?reduce|all[_-]?gather|reduce[_-]?scatter|broadcast|all[_-]?to[_-]?all|\bbarrier\b|collective|\bnccl\b"
+)
 
 
 @dataclass
@@ -86,12 +90,22 @@ def rank_timing_spread(events: pl.DataFrame, file_order: dict[str, int]) -> list
     slowest = (min if rate else max)(values, key=lambda r: values[r])  # the most time taken
     quickest = (max if rate else min)(values, key=lambda r: values[r])
     listed = ", ".join(f"rank {r}: {v:.4g}" for r, v in sorted(values.items()))
-    explanation = (
+    what = (
         f"One {'rate' if rate else 'time'} printed once per rank ({label}) differs {spread:.1f}x across "
-        f"{len(values)} ranks ({listed}): the ranks do not run in step. If it measures a rank's own work, rank "
-        f"{slowest} is the slow one; if it measures a collective, rank {quickest} arrived last and the others "
-        "waited for it."
+        f"{len(values)} ranks ({listed}): the ranks do not run in step."
     )
+    rank = quickest if COLLECTIVE.search(table.template) else None
+    if rank is not None:
+        why = (
+            f"It times a collective, which ends on every rank at once: rank {rank}, with the least time in it, "
+            f"arrived last and the others waited for it. Rank {rank} is the straggler."
+        )
+    else:
+        why = (
+            f"If it measures a rank's own work, rank {slowest} is the slow one; if it measures a collective, rank "
+            f"{quickest} arrived last and the others waited for it."
+        )
+    explanation = f"{what} {why}"
     return [
         Detection(
             id="rank-timing-spread",
@@ -106,5 +120,6 @@ def rank_timing_spread(events: pl.DataFrame, file_order: dict[str, int]) -> list
             evidence=table.evidence[:5],
             order=(file_order.get(table.file, 0), table.first_line, 0),
             count=len(table.rows),
+            rank=rank,
         )
     ]

@@ -53,7 +53,7 @@ def _measurements(body: str) -> tuple[str, list[str], dict[str, float], list[str
         word = label[1] if label else ""
         unit = MEASURE_UNIT.match(after)
         if MEASURE_WORD.search(word) or unit:
-            key = word or "value"
+            key = word if MEASURE_WORD.search(word) or not unit else unit[0].strip()
             while key in measures:
                 key += "'"
             measures[key] = float(m[0])
