@@ -26,7 +26,7 @@ WORK_STATE = re.compile(
     r"last enqueued work: (?P<enq2>-?\d+), last completed work: (?P<done2>-?\d+)"
 )
 DUMP_SIGNAL = re.compile(
-    r"Received a dump signal due to a collective timeout from (?P<src>this local rank|rank \d+).*?"
+    r"Received a dump signal due to a collective timeout from\s+(?P<src>this local rank|rank \d+).*?"
     r"Last enqueued NCCL work: (?P<enq>-?\d+), last completed NCCL work: (?P<done>-?\d+)"
 )
 GLOO_TIMEOUT = re.compile(
