@@ -20,7 +20,7 @@ OPEN_CASES = Path(__file__).resolve().parents[1] / "corpus" / "cases" / "open"
 # (open case, class, rule, line of the first evidence, rank or ..., words of the explanation)
 CASES = [
     # a wrapper line ("watchdog thread terminated with exception: <reason>") is read as its reason
-    ("0168", "nccl_timeout", "nccl-watchdog-timeout", 1, ..., ""),
+    ("0168", "nccl_timeout", "nccl-watchdog-timeout", 1, 2, "only rank 2's timeout is in these logs"),
     ("0397", "nccl_timeout", "nccl-watchdog-timeout", 7, 1, ""),  # hard-wrapped at 75 columns
     ("0355", "nccl_timeout", "nccl-watchdog-timeout", 21, 5, ""),  # cut in the middle of the word
     ("0534", "nccl_timeout", "nccl-watchdog-timeout", 1, ..., ""),  # the flight-recorder dump signal
