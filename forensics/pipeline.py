@@ -14,6 +14,7 @@ from forensics.analyses.diagnosis import build_findings, diagnose
 from forensics.analyses.dynamics import detect, dynamics_findings
 from forensics.analyses.enrich import enrich
 from forensics.analyses.flight_recorder import flight_recorder_detections
+from forensics.analyses.rank_timings import rank_timing_spread
 from forensics.analyses.ray_cluster import ray_summary
 from forensics.analyses.traces import review_traces
 from forensics.catalogue import Catalogue
@@ -153,6 +154,7 @@ def _analyse(run: Run, paths: list[Path], options: Options, clock: _Clock) -> An
     file_order = {rf.rel: i for i, rf in enumerate(run.files)}
     findings = build_findings(events, catalogue, file_order)
     findings += catalogue.describe_all(flight_recorder_detections(read.extras.get("flight_recorder", [])))
+    findings += catalogue.describe_all(rank_timing_spread(events, file_order))
     vocabulary = load_vocabulary(options.patterns)
     detections, detector_warnings = detect(
         series, events, read.marks, file_order, read.environment, read.config, vocabulary

@@ -25,8 +25,10 @@ from forensics.analyses.ray_cluster import RayCluster
 from forensics.analyses.story import tell
 from forensics.catalogue import Catalogue, Detection
 from forensics.model import FAR_FUTURE, Evidence, Finding, Inconclusive, Symptom, Verdict, empty_series, severity_rank
+from forensics.rules.model import USER_REGEX_TIMEOUT_S, Rule
 
 MAX_EVIDENCE = 5
+READINGS_PER_LINE = 1 << 12  # room in the sequence number to order several rules' readings of one line
 WRAPPER_EXCEPTIONS = {
     "RayTaskError",
     "ActorDiedError",
@@ -58,8 +60,24 @@ def _rows(events: pl.DataFrame, file_order: dict[str, int]) -> list[_Occurrence]
             fields = json.loads(row["fields"] or "{}")
         except ValueError:
             fields = {}
-        out.append(_Occurrence(row, fields, (file_order.get(row["file"], 0), row["line"] or 0, seq)))
+        order = (file_order.get(row["file"], 0), row["line"] or 0, seq * READINGS_PER_LINE)
+        out.append(_Occurrence(row, fields, order))
     return out
+
+
+def _reading_order(occ: _Occurrence, rule: Rule) -> tuple[int, int, int]:
+    """Where one rule's reading of a line sorts when several rules read it: the further right it matched, the
+    earlier. A wrapper prints its reason after itself ("watchdog thread terminated with exception: <reason>",
+    "communicator was aborted ... Original reason for failure was: <reason>"), so of two readings that would
+    each explain the other, the reason is the cause."""
+    file, line, seq = occ.order
+    if len(occ.fields.get("rules", [])) < 2 or not rule.match:
+        return occ.order
+    text = occ.row["message"] or ""
+    clause = rule.matches(text)
+    found = clause.compiled.search(text, timeout=USER_REGEX_TIMEOUT_S) if clause else None
+    at = min(found.start(), READINGS_PER_LINE - 1) if found else 0
+    return (file, line, seq - at)
 
 
 def _occ_key(o: _Occurrence) -> tuple[datetime, tuple[int, int, int]]:
@@ -70,7 +88,7 @@ def _evidence(occ: _Occurrence) -> Evidence:
     return Evidence(occ.row["file"], occ.row["line"], occ.row["message"], occ.fields)
 
 
-def _detection(entry: str, occ: _Occurrence) -> Detection:
+def _detection(entry: str, occ: _Occurrence, order: tuple[int, int, int] | None = None) -> Detection:
     """What one event line is, as the start of a finding of catalogue entry `entry`."""
     row = occ.row
     return Detection(
@@ -80,7 +98,7 @@ def _detection(entry: str, occ: _Occurrence) -> Detection:
         role=row["role"],
         ts=row["ts"],
         ts_inferred=bool(row["ts_inferred"]),
-        order=occ.order,
+        order=order or occ.order,
         count=0,
         fields={k: v for k, v in occ.fields.items() if k != "rules"},
     )
@@ -97,7 +115,8 @@ def build_findings(events: pl.DataFrame, catalogue: Catalogue, file_order: dict[
             key = (rule_id, occ.row["rank"])
             finding = grouped.get(key)
             if finding is None:
-                finding = grouped[key] = catalogue.describe(_detection(rule_id, occ))
+                order = _reading_order(occ, catalogue.entries[rule_id])
+                finding = grouped[key] = catalogue.describe(_detection(rule_id, occ, order))
             finding.count += 1
             _keep_evidence(finding, _evidence(occ))
             for k, v in occ.fields.items():

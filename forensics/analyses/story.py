@@ -46,12 +46,15 @@ def tell(
 
 def _cross_rank(events: pl.DataFrame, root: Finding) -> None:
     """Name the rank the others waited for (and its host), or say why the logs cannot."""
-    verdict = judge_ranks(events, rank_waits(events))
+    waits = rank_waits(events)
+    verdict = judge_ranks(events, waits)
     if not verdict.explanation:
         return
     if verdict.suspect is not None:
         root.rank, root.host = verdict.suspect, verdict.host or root.host
-    elif root.rule in WAITING_RULES:  # the rank that logged the timeout only waited; it is not the culprit
+    elif root.rule in WAITING_RULES and (verdict.candidates or len(waits) > 1):
+        # the rank that logged the timeout only waited; another rank in the logs may be the culprit. A lone
+        # rank's timeout with no other rank to suspect keeps that rank: it is the failure these logs show.
         root.fields["observed_on_rank"] = root.rank
         root.rank = None
     if verdict.candidates:

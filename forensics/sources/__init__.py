@@ -21,6 +21,7 @@ from forensics.sources import (
     nsys,
     nvidia_smi,
     nvidia_smi_q,
+    rank_measurements,
     ray_events,
     ray_session,
     tensorboard,
@@ -39,6 +40,7 @@ MODULES += [hydra_config, collect_env, nvidia_smi_q, dcgm, versions]
 MODULES += [ray_session, ray_events]  # Ray's own logs: session folders and events/*.log
 MODULES += [nsys, kineto]
 MODULES += [trainer_lines, metrics_jsonl, metrics_csv, tensorboard, mlflow_store, wandb_offline]  # beside verl's
+MODULES += [rank_measurements]  # last: it reads only lines no other reader took
 
 
 def line_extractors() -> list[LineExtractor]:

@@ -14,6 +14,7 @@ from forensics.analyses.explain.checkpoint import explain_key_mismatch, explain_
 from forensics.analyses.explain.context import Reading
 from forensics.analyses.explain.cuda_oom import explain_cuda_oom
 from forensics.analyses.explain.gpu import explain_cuda_error, explain_xid
+from forensics.analyses.explain.hang import explain_stall
 from forensics.analyses.explain.host import explain_host_oom, explain_process_killed
 from forensics.analyses.explain.nccl import explain_nccl_error
 from forensics.analyses.explain.ray import explain_actor_death, explain_node_death, explain_ray_wrapper
@@ -34,6 +35,7 @@ EXPLAINERS: dict[str, tuple[Explainer, ...]] = {
     "nccl_error": (explain_nccl_error,),
     "process_killed": (explain_process_killed,),
     "host_oom": (explain_host_oom,),
+    "hang": (explain_stall,),
 }
 
 

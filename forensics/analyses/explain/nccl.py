@@ -16,7 +16,7 @@ NETWORK_TROUBLE = re.compile(
 
 def explain_nccl_error(finding: Finding, reading: Reading) -> None:
     """Quote NCCL's "Last error" and say when it points at the network path between hosts."""
-    last = finding.fields.get("last_error")
+    last = finding.fields.get("last_error") or finding.fields.get("warn")  # the WARN line is NCCL's error
     if not isinstance(last, str):
         return
     finding.explanation = f"NCCL's last error: {last.strip()}."
@@ -71,3 +71,30 @@ def explain_collective_mismatch(finding: Finding, texts: list[str]) -> None:
         finding.rank = lagging[0] if len(lagging) == 1 else None
         finding.fields["lagging_ranks"] = lagging
         finding.explanation = f"PyTorch's desync report names rank(s) {lagging} as the ones the others waited for."
+        return
+    explain_transfer_mismatch(finding)
+
+
+def explain_transfer_mismatch(finding: Finding) -> None:
+    """NCCL's transports see a mismatch as the two ends of one transfer disagreeing on its size."""
+    local, remote = finding.fields.get("local_size"), finding.fields.get("remote_size")
+    peer = finding.fields.get("peer")
+    if local is not None and remote is not None:
+        who = f" (peer {peer})" if peer else ""
+        finding.explanation = (
+            f"The two ends of one NCCL transfer disagree on its size: this rank posted {local} bytes, the other "
+            f"end{who} {remote}. The ranks called collectives of different sizes or types at this point, or run "
+            "with different NCCL settings (NCCL_PROTO, NCCL_ALGO, versions); rarely the transport itself "
+            "corrupted the message (try NCCL_IB_DISABLE=1 to tell)."
+        )
+    elif finding.fields.get("around_rank") is not None:
+        finding.explanation = (
+            f"NCCL saw ranks call different collectives (or the same one with different counts or types) at and "
+            f"around rank {finding.fields['around_rank']}; NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS=COLL logs each "
+            "rank's calls, so the first one that differs can be found."
+        )
+    elif finding.fields.get("operation"):
+        finding.explanation = (
+            f"{finding.fields['operation']} got tensors of different shapes from the processes: each rank must "
+            "pass the same shape (pad variable-length batches to a common length first)."
+        )
