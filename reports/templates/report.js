@@ -1,0 +1,92 @@
+(function () {
+  "use strict";
+  // Tables: a click on a header sorts by that column (numbers as numbers, `data-sort` where a cell has one).
+  function cellKey(row, index) {
+    const cell = row.cells[index];
+    if (!cell) { return ""; }
+    const raw = cell.dataset.sort !== undefined ? cell.dataset.sort : cell.textContent.trim();
+    const number = Number(raw.replace(/[,\s%]/g, ""));
+    return raw !== "" && raw !== "–" && !Number.isNaN(number) ? number : raw.toLowerCase();
+  }
+  function compare(a, b) {
+    if (typeof a === typeof b) { return a < b ? -1 : a > b ? 1 : 0; }
+    return typeof a === "number" ? -1 : 1;  // numbers before words and dashes
+  }
+  function sortBy(table, th) {
+    const index = Array.prototype.indexOf.call(th.parentNode.children, th);
+    const ascending = th.getAttribute("aria-sort") !== "ascending";
+    for (const other of th.parentNode.children) { other.removeAttribute("aria-sort"); }
+    th.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+    for (const body of table.tBodies) {
+      const rows = Array.from(body.rows);
+      rows.sort((a, b) => compare(cellKey(a, index), cellKey(b, index)) * (ascending ? 1 : -1));
+      for (const row of rows) { body.appendChild(row); }
+    }
+  }
+  for (const table of document.querySelectorAll("table.sortable")) {
+    if (!table.tHead) { continue; }
+    for (const th of table.tHead.rows[0].cells) {
+      th.tabIndex = 0;
+      th.title = "Sort by this column";
+      th.addEventListener("click", () => sortBy(table, th));
+      th.addEventListener("keydown", (event) => {
+        if (event.key === "Enter" || event.key === " ") { event.preventDefault(); sortBy(table, th); }
+      });
+    }
+  }
+  // Filters: rows stay whose text holds every word typed.
+  for (const input of document.querySelectorAll("input.filter[data-filter]")) {
+    const table = document.getElementById(input.dataset.filter);
+    const count = document.querySelector(`[data-count-for="${input.dataset.filter}"]`);
+    if (!table) { continue; }
+    const rows = Array.from(table.tBodies).flatMap((body) => Array.from(body.rows));
+    input.addEventListener("input", () => {
+      const words = input.value.toLowerCase().split(/\s+/).filter(Boolean);
+      let shown = 0;
+      for (const row of rows) {
+        const text = row.textContent.toLowerCase();
+        const keep = words.every((w) => text.includes(w));
+        row.hidden = !keep;
+        shown += keep ? 1 : 0;
+      }
+      if (count) { count.textContent = words.length ? `${shown} of ${rows.length}` : ""; }
+    });
+  }
+  // Copy buttons: the command or path in `data-copy`, to the clipboard (or selected, where it is refused).
+  function select(node) {
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    const selection = window.getSelection();
+    selection.removeAllRanges();
+    selection.addRange(range);
+  }
+  document.addEventListener("click", (event) => {
+    const button = event.target.closest("button.copy");
+    if (!button) { return; }
+    const text = button.dataset.copy;
+    const label = button.dataset.label || "copy";
+    const done = () => { button.textContent = "copied"; setTimeout(() => { button.textContent = label; }, 1500); };
+    const target = button.closest(".cmds, .runpath, li, td") || button;
+    const shown = target.querySelector("code") || button;
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(done, () => select(shown));
+    } else {
+      select(shown);
+    }
+  });
+  // A link to an anchor inside a folded section unfolds it; printing unfolds everything.
+  function reveal() {
+    const target = location.hash && document.getElementById(decodeURIComponent(location.hash.slice(1)));
+    for (let node = target; node; node = node.parentElement) {
+      if (node.tagName === "DETAILS") { node.open = true; }
+    }
+  }
+  window.addEventListener("hashchange", reveal);
+  reveal();
+  const folded = [];
+  window.addEventListener("beforeprint", () => {
+    for (const d of document.querySelectorAll("details:not([open])")) { d.open = true; folded.push(d); }
+  });
+  window.addEventListener("afterprint", () => { while (folded.length) { folded.pop().open = false; } });
+  document.body.dataset.reportReady = "1";
+})();
