@@ -2,8 +2,8 @@
 
 A run folder is planted with script tags, `</script>`, event handlers and `javascript:` links where real
 runs carry text, the report is rendered, and the page is parsed: the only scripts are the report's own
-(its data, the plotly bundle and two script files of ours), no element carries an event handler or a javascript: link, every payload is there as text, and
-the page's CSP lets only the loader script (by hash) run.
+(its data, the plotly bundle and two script files of ours), no element carries an event handler or a
+javascript: link, every payload is there as text, and the page's CSP lets only those two files run (by hash).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import hashlib
 import json
 import shutil
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 
