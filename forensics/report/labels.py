@@ -131,6 +131,7 @@ FIELD_LABELS = {
     "gap_s": "Gap",
     "step_s": "Step time",
 }
+METRIC_FIELDS = {"metric", "metrics", "non_finite"}  # detectors name the same metrics under several keys
 HIDDEN_FIELDS = {"rules", "detector", "raised_at", "exception_message", "subject", "label", "source_type"}
 _WORDS = {"gpu": "GPU", "gpus": "GPUs", "nccl": "NCCL", "cuda": "CUDA", "ip": "IP", "id": "ID", "pid": "process ID"}
 _WORDS |= {"oom": "OOM", "kv": "KV", "tp": "TP", "sp": "SP", "pp": "PP", "ppo": "PPO", "fr": "flight recorder"}
@@ -315,13 +316,14 @@ def fact_rows(fields: dict[str, Any]) -> list[tuple[str, str]]:
     """The fields of a finding as (label, value) rows: plumbing, the step (the verdict box says it) and values
     repeated under a second name left out."""
     rows: list[tuple[str, str]] = []
-    seen: set[str] = set()
+    named: set[str] = set()  # what the metric fields said already
     for key, value in fields.items():
         if key in HIDDEN_FIELDS or key == "step":
             continue
         text = field_value(key, value)
-        if text in seen and len(text) > 3:
-            continue
-        seen.add(text)
+        if key in METRIC_FIELDS:
+            if text in named:
+                continue
+            named.add(text)
         rows.append((field_label(key), text))
     return rows

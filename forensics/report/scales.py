@@ -37,12 +37,9 @@ def value_axis(values: Iterable[float | None]) -> dict[str, Any]:
     magnitude = max(abs(lo), abs(hi))
     if magnitude == 0 or hi - lo >= CALM_FRACTION * magnitude:
         return {}
-    half = CALM_FRACTION * magnitude / 2
+    half = CALM_FRACTION * magnitude / 2  # under the values' magnitude: a positive quantity's axis stays positive
     centre = (lo + hi) / 2
-    low, high = centre - half, centre + half
-    if lo >= 0 > low:  # a quantity that cannot be negative keeps its axis at or above zero
-        low, high = 0.0, high - low
-    return {"range": [low, high]}
+    return {"range": [centre - half, centre + half]}
 
 
 def thin(xs: Sequence[Any], ys: Sequence[float | None], cap: int = MAX_POINTS) -> tuple[list[Any], list[float | None]]:

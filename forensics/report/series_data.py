@@ -12,64 +12,81 @@ from typing import Any
 
 import polars as pl
 
-from forensics.report.figures import known_ranks_only
 from forensics.report.scales import compact, thin, value_axis
 
 MAX_VALUES = 150_000
 MAX_POINTS_PER_TRACE = 1000
 MIN_POINTS_PER_TRACE = 100
 MAX_TRACES_PER_METRIC = 16  # ranks or GPUs; the rest are listed as left out
+MAX_METRICS = 2000  # buttons in the picker; more are named in a line
 
 
-def _traces(part: pl.DataFrame, by_step: bool) -> tuple[list[dict[str, Any]], int]:
-    """(name, x, y) per rank (and source, when several logged the metric), and how many were left out."""
-    x = "step" if by_step else "ts"
-    grouped = (
-        part.filter(pl.col(x).is_not_null())
-        .group_by("source", "rank", x)
-        .agg(pl.col("value").mean())
-        .sort("rank", "source", x, nulls_last=True)
+def _grouped(series: pl.DataFrame) -> pl.DataFrame:
+    """One row per (metric, source, rank): the x and y lists, by step where the metric has steps, else in time.
+
+    Rows with no rank are dropped for a metric that some rank logged (see `figures.known_ranks_only`). A few
+    passes over the table, however many metrics it holds.
+    """
+    by_step = series.filter(pl.col("step").is_not_null()).get_column("metric").unique()
+    ranked = series.filter(pl.col("rank").is_not_null()).get_column("metric").unique()
+    kept = series.filter(pl.col("rank").is_not_null() | ~pl.col("metric").is_in(ranked.implode()))
+    stepped = kept.filter(pl.col("step").is_not_null() & pl.col("metric").is_in(by_step.implode())).select(
+        "metric", "source", "rank", pl.col("step").alias("x"), "value", pl.lit(True).alias("by_step")
     )
-    sources = grouped.get_column("source").unique().to_list()
-    keys = grouped.select("rank", "source").unique(maintain_order=True).rows()
-    out = []
-    for rank, source in keys[:MAX_TRACES_PER_METRIC]:
-        rows = grouped.filter(
-            (pl.col("rank").is_null() if rank is None else pl.col("rank") == rank) & (pl.col("source") == source)
+    timed = kept.filter(pl.col("ts").is_not_null() & ~pl.col("metric").is_in(by_step.implode())).select(
+        "metric", "source", "rank", pl.col("ts").dt.epoch("ms").alias("x"), "value", pl.lit(False).alias("by_step")
+    )
+    return (
+        pl.concat([stepped, timed])
+        .group_by("metric", "source", "rank", "x")
+        .agg(pl.col("value").mean(), pl.col("by_step").first())
+        .group_by("metric", "source", "rank")
+        .agg(pl.col("x").sort(), pl.col("value").sort_by("x"), pl.col("by_step").first())
+        .sort("metric", "rank", "source", nulls_last=True)
+    )
+
+
+def _trace_name(rank: int | None, source: str, by_step: bool, several_sources: bool) -> str:
+    who = ("rank" if by_step else "GPU") + (f" {rank}" if rank is not None else "s (all)")
+    return f"{who} · {source}" if several_sources else who
+
+
+def _raw_metrics(series: pl.DataFrame) -> list[dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    grouped = _grouped(series)
+    sources = dict(grouped.group_by("metric").agg(pl.col("source").n_unique()).iter_rows())
+    for row in grouped.iter_rows(named=True):
+        m = out.setdefault(
+            row["metric"],
+            {"name": row["metric"], "x": "step" if row["by_step"] else "time", "traces": [], "left_out": 0},
         )
-        who = ("GPU" if not by_step else "rank") + (f" {rank}" if rank is not None else "s (all)")
-        name = f"{who} · {source}" if len(sources) > 1 else who
-        xs = rows.get_column(x)
-        xs_out = xs.to_list() if by_step else (xs.dt.epoch("ms")).to_list()
-        out.append({"name": name, "x": xs_out, "y": rows.get_column("value").to_list()})
-    return out, max(0, len(keys) - MAX_TRACES_PER_METRIC)
+        if len(m["traces"]) >= MAX_TRACES_PER_METRIC:
+            m["left_out"] += 1
+            continue
+        name = _trace_name(row["rank"], row["source"], row["by_step"], sources[row["metric"]] > 1)
+        m["traces"].append({"name": name, "x": row["x"], "y": row["value"]})
+    return list(out.values())
 
 
 def series_catalogue(series: pl.DataFrame) -> dict[str, Any]:
     """{"metrics": [{name, x: step|time, axis, traces: [{name, x, y}], left_out}], "names_only": [...]}."""
     if series.is_empty():
         return {"metrics": [], "names_only": []}
-    by_step_names = set(series.filter(pl.col("step").is_not_null()).get_column("metric").unique().to_list())
-    raw = []
-    for name in sorted(series.get_column("metric").unique().to_list()):
-        by_step = name in by_step_names
-        traces, left_out = _traces(known_ranks_only(series.filter(pl.col("metric") == name)), by_step)
-        if traces:
-            raw.append({"name": name, "x": "step" if by_step else "time", "traces": traces, "left_out": left_out})
+    raw = _raw_metrics(series)
     cap = MAX_POINTS_PER_TRACE
     while cap > MIN_POINTS_PER_TRACE and sum(min(len(t["x"]), cap) for m in raw for t in m["traces"]) > MAX_VALUES:
         cap //= 2
     kept, names_only, used = [], [], 0
     for m in raw:
+        points = sum(min(len(t["x"]), cap) for t in m["traces"])
+        if used + points > MAX_VALUES or len(kept) >= MAX_METRICS:
+            names_only.append(m["name"])
+            continue
         traces = []
         for t in m["traces"]:
             xs, ys = thin(t["x"], t["y"], cap)
             traces.append({"name": t["name"], "x": xs, "y": [compact(v) for v in ys]})
-        points = sum(len(t["x"]) for t in traces)
-        if used + points > MAX_VALUES:
-            names_only.append(m["name"])
-            continue
-        used += points
+        used += sum(len(t["x"]) for t in traces)
         values = [v for t in traces for v in t["y"]]
         kept.append({**m, "traces": traces, "axis": value_axis(values)})
     return {"metrics": kept, "names_only": names_only}

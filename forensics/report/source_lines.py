@@ -52,6 +52,8 @@ def run_roots(run_path: str) -> list[Path]:
 
 def locate(roots: list[Path], rel: str) -> tuple[Path | None, str]:
     """The file a report path names, checked to lie inside the run; (None, why) otherwise."""
+    if roots and not any(root.exists() for root in roots):
+        return None, "the run is no longer where it was analysed"
     for root in roots:
         prefix = f"{root.name}/" if len(roots) > 1 else ""
         if root.is_dir():
