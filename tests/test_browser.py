@@ -192,7 +192,7 @@ def _verdict_first_and_anchored(browser: Browser, doc: dict) -> None:
     assert hit == str(where[1])
     assert browser.evaluate("document.querySelectorAll('#evidence-1 pre.context > span').length") > 1
     commands = browser.evaluate(
-        "Array.from(document.querySelectorAll('#evidence-1 button.copy')).map(b => b.dataset.copy)"
+        "Array.from(document.querySelectorAll('#evidence-1 .cmds button.copy')).map(b => b.dataset.copy)"
     )
     assert [c.split()[0] for c in commands] == ["less", "lnav", "vim"]
 

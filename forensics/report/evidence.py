@@ -26,7 +26,9 @@ from forensics.report.labels import ranks_phrase
 
 MAX_ENTRIES = 40
 MAX_OCCURRENCES_PER_RULE = 5000  # lines of one rule grouped into messages; a flood beyond is counted, not read
-MAX_LOCATIONS = 6  # file:line places listed per entry
+MAX_LOCATIONS = 6  # file:line places listed per file of an entry
+MAX_FILES_LISTED = 8  # files listed per entry; a message printed by every rank's log names the rest by count
+MAX_FINDINGS_LISTED = 6  # findings linked per entry (one per rank: a watchdog message can belong to hundreds)
 LINES_BEFORE, LINES_AFTER = 4, 3  # shown around the line
 TRACEBACK_LOOKBACK = 60  # lines read above an exception to find its frames
 FRAME_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
@@ -69,29 +71,34 @@ def finding_anchors(findings: list[Finding]) -> list[str]:
     return anchors
 
 
-def _rule_rows(events: pl.DataFrame, rule: str) -> tuple[list[dict[str, Any]], int]:
-    """The event rows a rule matched (earliest first, capped) and how many there were in all."""
+def _rule_rows(events: pl.DataFrame, rule: str) -> tuple[dict[int | None, list[dict[str, Any]]], int]:
+    """The event rows a rule matched (capped), by rank, and how many there were in all."""
     tagged = events.filter(pl.col("fields").str.contains(f'"{rule}"', literal=True))
-    rows = []
+    by_rank: dict[int | None, list[dict[str, Any]]] = {}
+    total = 0
     for row in tagged.iter_rows(named=True):
         try:
             rules = json.loads(row["fields"] or "{}").get("rules") or []
         except ValueError:
             continue
         if rule in rules:
-            rows.append(row)
-    return rows[:MAX_OCCURRENCES_PER_RULE], len(rows)
+            total += 1
+            if total <= MAX_OCCURRENCES_PER_RULE:
+                by_rank.setdefault(row["rank"], []).append(row)
+    return by_rank, total
 
 
-def _occurrences(a: Analysis, f: Finding, rows: list[dict[str, Any]], file_order: dict[str, int]) -> list[_Occurrence]:
-    """The lines behind one finding: the rule's event rows on its rank (or all, when it has none), then any
-    evidence line not among them (detector findings cite lines that no rule tagged)."""
-    mine = [r for r in rows if f.rank is None or r["rank"] in (f.rank, None)]
+def _occurrences(
+    f: Finding, by_rank: dict[int | None, list[dict[str, Any]]], file_order: dict[str, int]
+) -> list[_Occurrence]:
+    """The lines behind one finding: the rule's event rows on its rank and those of no rank (or all, when the
+    finding has none), then any evidence line not among them (detector findings cite lines no rule tagged)."""
+    rows = [r for rank in ([f.rank, None] if f.rank is not None else list(by_rank)) for r in by_rank.get(rank, [])]
     out = [
         _Occurrence(
             r["file"], r["line"], r["message"] or "", r["rank"], r["ts"], (file_order.get(r["file"], 0), r["line"])
         )
-        for r in mine
+        for r in rows
     ]
     seen = {(o.file, o.line) for o in out}
     for e in f.evidence:
@@ -100,29 +107,43 @@ def _occurrences(a: Analysis, f: Finding, rows: list[dict[str, Any]], file_order
     return out
 
 
+class _Signatures:
+    """Normalised messages, each text worked out once; host names replaced by one pattern, not one per host."""
+
+    def __init__(self, hosts: list[str]):
+        names = sorted({h for h in hosts if h and len(h) > 1}, key=len, reverse=True)
+        self._hosts = re.compile("(?<![\\w.-])(?:" + "|".join(map(re.escape, names)) + ")(?![\\w-])") if names else None
+        self._seen: dict[str, str] = {}
+
+    def __call__(self, text: str) -> str:
+        if text not in self._seen:
+            plain = self._hosts.sub("<host>", text) if self._hosts else text
+            self._seen[text] = normalise(plain) or text
+        return self._seen[text]
+
+
 def _groups(a: Analysis, order: list[int]) -> list[_Group]:
     """Every finding's lines, grouped by their normalised text across findings, files and ranks."""
-    hosts = run_hosts(a)
+    signature = _Signatures(run_hosts(a))
     file_order = {fr.path: i for i, fr in enumerate(a.files)}
-    by_rule: dict[str, tuple[list[dict[str, Any]], int]] = {}
+    by_rule: dict[str, tuple[dict[int | None, list[dict[str, Any]]], int]] = {}
     groups: dict[str, _Group] = {}
     for index in order:
         f = a.findings[index]
         if f.rule not in by_rule:
             by_rule[f.rule] = _rule_rows(a.events, f.rule)
-        rows, total = by_rule[f.rule]
-        for occ in _occurrences(a, f, rows, file_order):
-            signature = normalise(occ.text, hosts) or occ.text
-            group = groups.setdefault(signature, _Group(signature))
+        by_rank, total = by_rule[f.rule]
+        for occ in _occurrences(f, by_rank, file_order):
+            group = groups.setdefault(signature(occ.text), _Group(signature(occ.text)))
             if (occ.file, occ.line) not in group.places:
                 group.places.add((occ.file, occ.line))
                 group.occurrences.append(occ)
             if index not in group.findings:
                 group.findings.append(index)
-        if total > len(rows) and f.evidence:
-            first = normalise(f.evidence[0].text, hosts) or f.evidence[0].text
+        if total > MAX_OCCURRENCES_PER_RULE and f.evidence:
+            first = signature(f.evidence[0].text)
             if first in groups:
-                groups[first].uncounted = max(groups[first].uncounted, total - len(rows))
+                groups[first].uncounted = max(groups[first].uncounted, total - MAX_OCCURRENCES_PER_RULE)
     return list(groups.values())
 
 
@@ -212,6 +233,10 @@ def _place(rel: str, lines: list[int], roots: list[Path], kinds: dict[str, str])
     return {"file": rel, "lines": shown, "more": max(0, len(lines) - MAX_LOCATIONS)}
 
 
+def _finding_name(f: Finding) -> str:
+    return f.title + (f" (rank {f.rank})" if f.rank is not None else "")
+
+
 def _context(window: source_lines.Window | None, hit: int) -> list[dict[str, Any]]:
     if window is None:
         return []
@@ -286,7 +311,8 @@ def _entry(
         "count": len(g.occurrences) + g.uncounted,
         "ranks": sorted({x.rank for x in g.occurrences if x.rank is not None}),
         "ranks_text": ranks_phrase(x.rank for x in g.occurrences),
-        "files": [_place(f, lines, roots, kinds) for f, lines in _locations(g)],
+        "files": [_place(f, lines, roots, kinds) for f, lines in _locations(g)[:MAX_FILES_LISTED]],
+        "more_files": max(0, len(_locations(g)) - MAX_FILES_LISTED),
         "first_seen": iso(min(stamped)) if stamped else None,
         "last_seen": iso(max(stamped)) if stamped else None,
         "file": o.file,
@@ -297,7 +323,9 @@ def _entry(
         "context_note": window.note if window else "",
         "frames": frames,
         "findings": [
-            {"anchor": anchors[i], "title": a.findings[i].title, "rule": a.findings[i].rule} for i in g.findings
+            {"anchor": anchors[i], "title": _finding_name(a.findings[i]), "rule": a.findings[i].rule}
+            for i in g.findings[:MAX_FINDINGS_LISTED]
         ],
+        "more_findings": max(0, len(g.findings) - MAX_FINDINGS_LISTED),
         "root": a.verdict.root_cause is not None and any(a.findings[i] is a.verdict.root_cause for i in g.findings),
     }

@@ -51,6 +51,8 @@ CLASS_METRICS = {
     "nccl_timeout": ("timing_s/step", "gpu/util_pct"),
     "nccl_error": ("timing_s/step", "gpu/util_pct"),
     "collective_mismatch": ("timing_s/step",),
+    "ray_node_died": ("cpu_memory_used_gb", "timing_s/step"),
+    "ray_actor_died": ("cpu_memory_used_gb", "timing_s/step"),
     "cuda_error": ("gpu/util_pct", "gpu/temperature_c", "gpu/power_w"),
     "gpu_hardware": ("gpu/util_pct", "gpu/temperature_c", "gpu/power_w"),
     "training_instability": ("actor/pg_loss", "actor/grad_norm", "actor/lr"),
@@ -62,6 +64,7 @@ CLOCK_METRICS = {  # wall-clock samples: title, unit, scale
     "gpu/temperature_c": ("GPU temperature", "°C", 1.0),
 }
 MAX_METRICS_PER_FINDING = 4
+MAX_TIMELINE_HEIGHT = 900  # 512 ranks share it: the first domino still stands out, the labels thin out
 MAX_RANK_TRACES = 8  # more ranks than this: their min, median and max, plus the ranks a finding names
 FAILURE_COLOUR = "#d62728"
 # UTC times on one tick line (a second, plotly's date line, would hit the legend); the date is in the header
@@ -463,7 +466,7 @@ def timeline_figure(a: Analysis, frame: _Frame) -> go.Figure | None:
         )
     lanes = sorted({_rank_name(f.rank) if f.rank is not None else "run" for f in points}, key=_rank_order)
     fig.update_layout(title={"text": "Findings by rank in time (★ root cause)", "font": {"size": 13}}, **_LAYOUT)
-    fig.update_layout(height=max(220, 120 + 28 * len(lanes)))
+    fig.update_layout(height=min(MAX_TIMELINE_HEIGHT, max(220, 120 + 28 * len(lanes))))
     fig.update_yaxes(categoryorder="array", categoryarray=lanes[::-1])
     fig.update_xaxes(range=list(frame.time_range) if frame.time_range else None, tickformat=_ticks(frame))
     _mark_time(fig, root)

@@ -136,6 +136,7 @@ HIDDEN_FIELDS = {"rules", "detector", "raised_at", "exception_message", "subject
 _WORDS = {"gpu": "GPU", "gpus": "GPUs", "nccl": "NCCL", "cuda": "CUDA", "ip": "IP", "id": "ID", "pid": "process ID"}
 _WORDS |= {"oom": "OOM", "kv": "KV", "tp": "TP", "sp": "SP", "pp": "PP", "ppo": "PPO", "fr": "flight recorder"}
 _UNIT_SUFFIXES = ("_ms", "_s", "_bytes", "_gb", "_gib", "_mib", "_kb", "_pct", "_fraction")
+_DECIMAL = re.compile(r"^-?\d+\.\d+(?:[eE][-+]?\d+)?$")
 _ISO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
 MAX_VALUE_CHARS = 300
 MAX_LISTED = 12
@@ -227,9 +228,11 @@ def _number(value: Any) -> float | None:
 
 
 def _plain_number(x: float) -> str:
-    if x == int(x) and abs(x) < 1e15:
-        return f"{int(x):,}"
-    return f"{x:,.4g}" if abs(x) >= 1e-3 else f"{x:.3g}"
+    if abs(x) >= 1e15:
+        return f"{x:.3g}"
+    if x == int(x) or abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.4g}" if abs(x) >= 1e-3 else f"{x:.3g}"
 
 
 def _with_unit(key: str, value: Any) -> str | None:
@@ -296,6 +299,8 @@ def field_value(key: str, value: Any) -> str:
     text = str(value)
     if _ISO_TIME.match(text):
         return when(text)
+    if _DECIMAL.match(text):  # a measured value read from a line; whole numbers may be ids and stay as written
+        return _plain_number(float(text))
     return text if len(text) <= MAX_VALUE_CHARS else text[: MAX_VALUE_CHARS - 1] + "…"
 
 
@@ -318,7 +323,7 @@ def fact_rows(fields: dict[str, Any]) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     named: set[str] = set()  # what the metric fields said already
     for key, value in fields.items():
-        if key in HIDDEN_FIELDS or key == "step":
+        if key in HIDDEN_FIELDS or key == "step" or value in (None, "", [], {}):
             continue
         text = field_value(key, value)
         if key in METRIC_FIELDS:

@@ -22,6 +22,7 @@
       rows.sort((a, b) => compare(cellKey(a, index), cellKey(b, index)) * (ascending ? 1 : -1));
       for (const row of rows) { body.appendChild(row); }
     }
+    if (table.dataset.fold && !table.dataset.filtered) { fold(table); }  // the first rows of the new order
   }
   for (const table of document.querySelectorAll("table.sortable")) {
     if (!table.tHead) { continue; }
@@ -34,14 +35,33 @@
       });
     }
   }
-  // Filters: rows stay whose text holds every word typed.
+  // Long tables: rows past `data-fold` wait behind a button (without this script, every row shows).
+  function rowsOf(table) { return Array.from(table.tBodies).flatMap((body) => Array.from(body.rows)); }
+  function fold(table) {
+    const limit = Number(table.dataset.fold);
+    rowsOf(table).forEach((row, i) => { row.hidden = table.dataset.unfolded !== "1" && i >= limit; });
+  }
+  for (const table of document.querySelectorAll("table[data-fold]")) {
+    const total = rowsOf(table).length;
+    if (total <= Number(table.dataset.fold)) { continue; }
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "unfold";
+    button.textContent = `Show all ${total.toLocaleString("en")} rows`;
+    button.addEventListener("click", () => { table.dataset.unfolded = "1"; fold(table); button.remove(); });
+    (table.closest(".table-wrap") || table).after(button);
+    fold(table);
+  }
+  // Filters: rows stay whose text holds every word typed; an empty filter folds a long table again.
   for (const input of document.querySelectorAll("input.filter[data-filter]")) {
     const table = document.getElementById(input.dataset.filter);
     const count = document.querySelector(`[data-count-for="${input.dataset.filter}"]`);
     if (!table) { continue; }
-    const rows = Array.from(table.tBodies).flatMap((body) => Array.from(body.rows));
+    const rows = rowsOf(table);
     input.addEventListener("input", () => {
       const words = input.value.toLowerCase().split(/\s+/).filter(Boolean);
+      table.dataset.filtered = words.length ? "1" : "";
+      if (!words.length && table.dataset.fold) { fold(table); if (count) { count.textContent = ""; } return; }
       let shown = 0;
       for (const row of rows) {
         const text = row.textContent.toLowerCase();
@@ -79,13 +99,16 @@
     const target = location.hash && document.getElementById(decodeURIComponent(location.hash.slice(1)));
     for (let node = target; node; node = node.parentElement) {
       if (node.tagName === "DETAILS") { node.open = true; }
+      if (node.tagName === "TR") { node.hidden = false; }
     }
+    if (target) { target.scrollIntoView(); }
   }
   window.addEventListener("hashchange", reveal);
   reveal();
   const folded = [];
   window.addEventListener("beforeprint", () => {
     for (const d of document.querySelectorAll("details:not([open])")) { d.open = true; folded.push(d); }
+    for (const table of document.querySelectorAll("table[data-fold]")) { table.dataset.unfolded = "1"; fold(table); }
   });
   window.addEventListener("afterprint", () => { while (folded.length) { folded.pop().open = false; } });
   document.body.dataset.reportReady = "1";
