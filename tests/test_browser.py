@@ -260,3 +260,22 @@ def test_dark_and_print_looks(browser, pages, name):
     finally:
         browser.print_media(False)
     assert browser.problems == []
+
+
+def test_the_batch_index_sorts_and_filters_its_runs(browser, pages):
+    page, _ = pages["batch"]
+    _load(browser, page, 1400)
+    runs = "Array.from(document.querySelectorAll('#runs-table tbody tr')).filter(r => !r.hidden)"
+    names = f"{runs}.map(r => r.cells[0].textContent.trim())"
+    assert browser.evaluate(names)[-1] == "healthy"  # failures first
+    browser.evaluate("document.querySelectorAll('#runs-table th')[0].click()")
+    assert browser.evaluate(names) == ["healthy", "leak_oom", "sigkill"]
+    browser.evaluate(
+        "(() => { const i = document.querySelector('input[data-filter=\"runs-table\"]'); i.value = 'out of memory';"
+        " i.dispatchEvent(new Event('input')); })()"
+    )
+    assert browser.evaluate(names) == ["leak_oom"]
+    assert browser.evaluate("document.querySelector('[data-count-for=\"runs-table\"]').textContent") == "1 of 3"
+    link = browser.evaluate(f"{runs}[0].querySelector('a').getAttribute('href')")
+    assert (page.parent / link).is_file()  # the run's own report
+    assert browser.problems == []

@@ -200,6 +200,27 @@ def test_the_verdict_plots_come_first_and_name_their_metric(example):
     timeline = next(p for p in shown if p.id == "timeline").figure
     assert list(timeline.layout.yaxis.categoryarray) == ["rank 1", "rank 0"]  # rank 0 on top
     assert timeline.layout.xaxis.range == gpu.figure.layout.xaxis.range  # one time axis
+    root_ts = example.verdict.root_cause.ts
+    for fig in (gpu.figure, timeline):  # the failure marked on every wall-clock plot
+        marks = [s for s in fig.layout.shapes if s.type == "line" and s.line.dash == "dash"]
+        assert [m.x0 for m in marks] == [root_ts]
+    steps = {p.figure.layout.xaxis.range for p in shown if p.metrics and p.metrics[0] in _STEP_METRICS}
+    assert steps == {(0.5, 12.5)}  # one step axis, to the failure at step 12
+
+
+def test_a_class_has_one_colour_in_the_timeline_the_batch_index_and_the_chips(example):
+    from forensics.report.batch_html import classes_over_time
+    from forensics.report.colours import class_colour
+
+    timeline = next(p for p in plots(example) if p.id == "timeline").figure
+    oom = next(t for t in timeline.data if t.name == "CUDA out of memory")
+    fleet = pl.DataFrame({"class": ["cuda_oom"], "status": ["failed"], "started": [example.verdict.root_cause.ts]})
+    bars = classes_over_time(fleet.with_columns(pl.lit(None, pl.Datetime("us", "UTC")).alias("modified")))
+    assert oom.marker.color == bars.data[0].marker.color == class_colour("cuda_oom") == "#d62728"
+    assert 'style="--c: #d62728"' in render_html(example)
+
+
+_STEP_METRICS = ("actor/pg_loss", "actor/entropy", "perf/max_memory_allocated_gb", "timing_s/step")
 
 
 def test_the_picker_offers_every_series_within_its_budget(example):
