@@ -252,7 +252,7 @@ def _mark_step(fig: go.Figure, root: Finding | None) -> None:
         )  # fmt: skip
 
 
-def _mark_time(fig: go.Figure, root: Finding | None) -> None:
+def _mark_time(fig: go.Figure, root: Finding | None, time_range: tuple[datetime, datetime] | None) -> None:
     """The moment of the root cause as a dashed line across a wall-clock plot."""
     if root is None or root.ts is None:
         return
@@ -261,9 +261,10 @@ def _mark_time(fig: go.Figure, root: Finding | None) -> None:
         line={"dash": "dash", "color": FAILURE_COLOUR, "width": 1.5},
     )  # fmt: skip
     rank = f" · rank {root.rank}" if root.rank is not None else ""
+    late = time_range is not None and root.ts > time_range[0] + (time_range[1] - time_range[0]) / 2
     fig.add_annotation(
         x=root.ts, y=1, yref="paper", text=f"{class_label(root.cls)}{rank}", showarrow=False,
-        font={"size": 10, "color": FAILURE_COLOUR}, xanchor="left", yanchor="bottom",
+        font={"size": 10, "color": FAILURE_COLOUR}, xanchor="right" if late else "left", yanchor="bottom",
     )  # fmt: skip
 
 
@@ -337,7 +338,7 @@ def clock_figure(series: pl.DataFrame, metric: str, frame: _Frame) -> go.Figure 
     fig.update_layout(title={"text": f"{title} ({unit})", "font": {"size": 13}}, **_LAYOUT)
     fig.update_yaxes(**axis)
     fig.update_xaxes(range=list(frame.time_range) if frame.time_range else None, tickformat=_ticks(frame))
-    _mark_time(fig, frame.root)
+    _mark_time(fig, frame.root, frame.time_range)
     _legend(fig)
     return fig
 
@@ -430,6 +431,52 @@ def oom_budget_figure(findings: list[Finding]) -> go.Figure | None:
     return fig
 
 
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def host_memory_figure(findings: list[Finding]) -> go.Figure | None:
+    """Per node where Ray's memory monitor killed a worker: the host memory in use then, against the node's total."""
+    kills = {}
+    for f in findings:
+        used, total = _number(f.fields.get("node_used_gb")), _number(f.fields.get("node_total_gb"))
+        if f.cls == "host_oom" and used is not None and total:
+            kills.setdefault(str(f.fields.get("node_ip") or f.host or "node"), (used, total, f.fields.get("threshold")))
+    if not kills:
+        return None
+    nodes = sorted(kills)
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(
+            y=nodes,
+            x=[kills[n][0] for n in nodes],
+            name="in use",
+            marker_color=class_colour("host_oom"),
+            orientation="h",
+        )
+    )
+    fig.add_trace(
+        go.Bar(
+            y=nodes, x=[kills[n][1] - kills[n][0] for n in nodes], name="free", marker_color="#c7c7c7", orientation="h"
+        )
+    )
+    for n in nodes:
+        threshold = _number(kills[n][2])
+        if threshold:
+            fig.add_annotation(
+                y=n, x=threshold * kills[n][1], text="kill threshold", showarrow=True, arrowhead=0, ay=-24
+            )
+    fig.update_layout(
+        title={"text": "Host memory when Ray's memory monitor killed a worker (GiB)", "font": {"size": 13}},
+        barmode="stack", **{**_LAYOUT, "height": 150 + 34 * len(nodes)},
+    )  # fmt: skip
+    _legend(fig)
+    return fig
+
+
 def _rank_order(label: str) -> tuple[int, int]:
     return (0, int(label.split()[1])) if label.startswith("rank ") else (1, 0)
 
@@ -469,7 +516,7 @@ def timeline_figure(a: Analysis, frame: _Frame) -> go.Figure | None:
     fig.update_layout(height=min(MAX_TIMELINE_HEIGHT, max(220, 120 + 28 * len(lanes))))
     fig.update_yaxes(categoryorder="array", categoryarray=lanes[::-1])
     fig.update_xaxes(range=list(frame.time_range) if frame.time_range else None, tickformat=_ticks(frame))
-    _mark_time(fig, root)
+    _mark_time(fig, root, frame.time_range)
     _legend(fig)
     return fig
 
@@ -503,6 +550,10 @@ def plots(a: Analysis) -> list[Plot]:
     for f in a.findings:
         for metric in metrics_about(f, logged):
             add("verdict", metric)
+    host = host_memory_figure(a.findings)
+    if host is not None:
+        about_root = bool(root and root.cls == "host_oom")
+        out.append(Plot("host-memory", "verdict" if about_root else "memory", host, (), about_root))
     budget = oom_budget_figure(a.findings)
     if budget is not None:
         out.append(

@@ -101,13 +101,13 @@ FIELD_LABELS = {
     "node_id": "Node ID",
     "node_used_gb": "Node memory used",
     "node_total_gb": "Node memory total",
-    "node_fraction": "Node memory used",
+    "node_fraction": "Node memory used (share)",
     "killed_count": "Workers killed",
     "killed_task": "Killed task",
     "usage_bytes": "Memory used",
     "threshold_bytes": "Kill threshold",
     "limit_bytes": "Memory limit",
-    "threshold": "Kill threshold",
+    "threshold": "Kill threshold (share)",
     "task": "Ray task",
     "task_pid": "Task process ID",
     "task_ip": "Task node IP",
@@ -322,6 +322,7 @@ def fact_rows(fields: dict[str, Any]) -> list[tuple[str, str]]:
     repeated under a second name left out."""
     rows: list[tuple[str, str]] = []
     named: set[str] = set()  # what the metric fields said already
+    shown: set[tuple[str, str]] = set()
     for key, value in fields.items():
         if key in HIDDEN_FIELDS or key == "step" or value in (None, "", [], {}):
             continue
@@ -330,5 +331,8 @@ def fact_rows(fields: dict[str, Any]) -> list[tuple[str, str]]:
             if text in named:
                 continue
             named.add(text)
-        rows.append((field_label(key), text))
+        row = (field_label(key), text)
+        if row not in shown:  # two sources of one number (threshold and threshold_pct)
+            shown.add(row)
+            rows.append(row)
     return rows
