@@ -10,7 +10,7 @@ import yaml
 
 from forensics.model import Analysis
 from forensics.pipeline import analyze
-from forensics.report.figures import figures
+from forensics.report.figures import figures, plots
 from forensics.report.html import render_html
 from tests.conftest import FIXTURES
 
@@ -82,11 +82,13 @@ def test_slow_rank_is_degraded_with_the_step_where_throughput_fell_and_the_busy_
     assert {c["name"]: c["status"] for c in a.checks}["Throughput stability"] == "warn"
 
 
-def test_detector_steps_are_shaded_on_the_step_plots():
-    figs = dict(figures(_analysis("slow_rank")))
-    rects = [s for s in figs["throughput"].layout.shapes if s.type == "rect"]
+def test_detector_steps_are_shaded_on_the_plot_of_their_metric_which_leads_the_page():
+    shown = plots(_analysis("slow_rank"))
+    first = shown[0]
+    assert (first.id, first.section, first.verdict) == ("metric-perf-throughput", "verdict", True)
+    rects = [s for s in first.figure.layout.shapes if s.type == "rect"]
     assert [(r.x0, r.x1) for r in rects] == [(39.5, 80.5)]
-    oscillation = dict(figures(_analysis("lr_oscillation")))["training"]
+    oscillation = dict(figures(_analysis("lr_oscillation")))["metric-actor-pg-loss"]
     assert len([s for s in oscillation.layout.shapes if s.type == "rect"]) == 3  # one per episode
 
 

@@ -39,7 +39,9 @@ def test_example_names_the_oom_on_rank_1_not_torchruns_rank_0(tmp_path):
     page = html.read_text(encoding="utf-8")
     assert "Root cause: CUDA out of memory on rank 1" in page
     assert "driver.log:189" in page
-    assert 'id="plot-training"' in page and 'id="plot-gpu-memory"' in page
+    assert 'id="plot-metric-actor-pg-loss"' in page and 'id="plot-metric-gpu-memory-used-mib"' in page
+    # the OOM's own numbers and the memory it is about lead the plots
+    assert page.index('id="plot-metric-perf-max-memory-allocated-gb" data-metric') < page.index('id="plot-timeline"')
 
 
 def test_report_is_not_written_inside_the_run_folder():

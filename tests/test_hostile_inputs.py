@@ -506,7 +506,7 @@ def test_a_finding_without_evidence_lines_still_renders_everywhere():
     timed = next(f for f in a.findings if f.ts is not None)
     a.findings.append(dataclasses.replace(timed, rule="memory-growth", evidence=[], count=1))
     page = render_html(a)
-    assert "<td>memory-growth</td>" in page
+    assert '<span class="muted small">memory-growth · ' in page  # its row in the findings table
     hover = [t for _, fig in figures(a) for trace in fig.data for t in (trace.text or ())]
     assert "memory-growth ×1" in hover
     assert render_markdown(to_json_dict(a)) and dumps(a)

@@ -2,8 +2,8 @@
 
 A run folder is planted with script tags, `</script>`, event handlers and `javascript:` links where real
 runs carry text, the report is rendered, and the page is parsed: the only scripts are the report's own
-three, no element carries an event handler or a javascript: link, every payload is there as text, and
-the page's CSP lets only the loader script (by hash) run.
+(its data, the plotly bundle and two script files of ours), no element carries an event handler or a
+javascript: link, every payload is there as text, and the page's CSP lets only those two files run (by hash).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import hashlib
 import json
 import shutil
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 
@@ -27,7 +26,9 @@ HANDLER = "<img src=x onerror=document.body.dataset.pwned=1>"
 LINK = "<a href=\"javascript:document.body.dataset.pwned='link'\">open</a>"
 COMMENT = "<!--<script>"
 SVG = "<svg onload=alert(1)>"
-REPORT_SCRIPTS = {"figure-data", "plotly-gz", None}  # the data, the plotly bundle, the loader
+# report.js, the figures, the series for the picker, the plotly bundle, the loader
+REPORT_SCRIPTS = [None, "figure-data", "series-data", "plotly-gz", None]
+SCRIPT_FILES = ("report.js", "plotly_loader.js")
 
 
 class _Page(HTMLParser):
@@ -80,12 +81,17 @@ def hostile_page(tmp_path_factory) -> tuple[str, _Page]:
 
 def test_only_the_reports_own_scripts_exist(hostile_page):
     _, page = hostile_page
-    assert [sid for sid, _ in page.scripts] == ["figure-data", "plotly-gz", None]
+    assert [sid for sid, _ in page.scripts] == REPORT_SCRIPTS
+    code = [body for sid, body in page.scripts if sid is None]
+    assert code == [(REPO / "reports" / "templates" / name).read_text(encoding="utf-8") for name in SCRIPT_FILES]
     assert {tag for tag, _ in page.tags} <= {
         *("html", "head", "meta", "title", "style", "body", "header", "main", "footer", "section", "div", "span"),
-        *("h1", "h2", "h3", "p", "dl", "dt", "dd", "pre", "code", "table", "tr", "th", "td", "ul", "li"),
-        *("details", "summary", "strong", "script"),
+        *("h1", "h2", "h3", "p", "dl", "dt", "dd", "pre", "code", "table", "tr", "th", "td", "ul", "li", "ol"),
+        *("thead", "tbody", "details", "summary", "strong", "script", "nav", "a", "article", "time", "button"),
+        *("input", "br"),
     }
+    links = [attrs["href"] for tag, attrs in page.tags if tag == "a"]
+    assert links and all(href.startswith("#") for href in links)  # only to anchors of the page itself
 
 
 def test_no_element_has_an_event_handler_or_a_javascript_link(hostile_page):
@@ -114,16 +120,19 @@ def test_plot_data_cannot_close_its_script_and_plot_labels_are_text(hostile_page
     # plotly reads a subset of HTML in labels; entities make it show the file name as written
     assert any("driver&lt;img src=x onerror=document.body.dataset.pwned=1&gt;.log" in t for t in hover)
     assert not any("<img" in t for t in hover)
-    assert raw.count("<script") == 3
+    assert raw.count("<script") == len(REPORT_SCRIPTS)
+    picker = json.loads(dict(page.scripts)["series-data"])  # metric names from the log, shown as text by plotly
+    names = [m["name"] for m in picker["metrics"]]
+    assert "&lt;img src=x onerror=document.body.dataset.pwned=1&gt;" in names and not any("<" in n for n in names)
 
 
 def test_csp_runs_only_the_loader_by_its_hash(hostile_page):
     _, page = hostile_page
     csp = next(attrs["content"] for tag, attrs in page.tags if attrs.get("http-equiv") == "Content-Security-Policy")
     script_src = next(d for d in csp.split(";") if d.strip().startswith("script-src")).split()[1:]
-    loader = next(body for sid, body in page.scripts if sid is None)
-    digest = base64.b64encode(hashlib.sha256(loader.encode()).digest()).decode()
-    assert script_src == [f"'sha256-{digest}'", "'unsafe-eval'"]
+    code = [body for sid, body in page.scripts if sid is None]
+    digests = [f"'sha256-{base64.b64encode(hashlib.sha256(c.encode()).digest()).decode()}'" for c in code]
+    assert script_src == [*digests, "'unsafe-eval'"]  # plotly's bundle is evaluated by the loader
     assert "default-src 'none'" in csp
 
 
@@ -137,4 +146,6 @@ def test_script_safe_json_round_trips_every_dangerous_string():
 def test_the_plotly_loader_is_the_file_the_hash_is_made_from():
     loader = (REPO / "reports" / "templates" / "plotly_loader.js").read_text(encoding="utf-8")
     assert "DecompressionStream" in loader and "plotsReady" in loader
-    assert Path(REPO / "reports" / "templates" / "incident.html.j2").read_text().count("<script>") == 1
+    for template in ("incident.html.j2", "partials/plotly.html.j2"):
+        text = (REPO / "reports" / "templates" / template).read_text(encoding="utf-8")
+        assert text.count("<script>") == 2 and text.count("inline_scripts[") == 2

@@ -13,8 +13,9 @@ import plotly.graph_objects as go
 import polars as pl
 
 from forensics import __version__
-from forensics.report.figures import CLASS_COLOURS
+from forensics.report.colours import class_colour
 from forensics.report.html import figure_json, plotly_js_gz_b64, template_environment
+from forensics.report.labels import class_label
 
 MAX_HEATMAP_HOSTS = 40
 MAX_HEATMAP_RUNS = 200
@@ -28,7 +29,7 @@ HEATMAP_COLOURS = [
     [0.67, "#d92d20"],
     [1, "#d92d20"],
 ]
-STATUS_ORDER = {"error": 0, "failed": 1, "degraded": 2, "healthy": 3}
+STATUS_ORDER = {"error": 0, "failed": 1, "inconclusive": 2, "degraded": 3, "healthy": 4}
 _LAYOUT = {"template": {}, "margin": {"l": 60, "r": 20, "t": 40, "b": 60}}
 
 
@@ -63,13 +64,23 @@ def classes_over_time(fleet: pl.DataFrame) -> go.Figure | None:
         .sort("when", "outcome")
     )
     fig = go.Figure()
-    colours = {**CLASS_COLOURS, "healthy": "#067647", "error": "#667085"}
     for outcome in sorted(set(counts.get_column("outcome").to_list()), key=lambda c: (c == "healthy", c)):
         part = counts.filter(pl.col("outcome") == outcome)
         fig.add_trace(
-            go.Bar(x=part["when"].to_list(), y=part["len"].to_list(), name=outcome, marker_color=colours.get(outcome))
+            go.Bar(
+                x=part["when"].to_list(),
+                y=part["len"].to_list(),
+                name=class_label(outcome),
+                marker_color=class_colour(outcome),
+            )
         )
-    fig.update_layout(title="Runs by root-cause class over time", barmode="stack", height=340, **_LAYOUT)
+    fig.update_layout(
+        title="Runs by root-cause class over time",
+        barmode="stack",
+        height=340,
+        legend={"orientation": "h", "y": -0.25, "x": 0},
+        **_LAYOUT,
+    )
     return fig
 
 
@@ -165,9 +176,12 @@ def recurring_failures(fleet: pl.DataFrame, new: set[str]) -> list[dict[str, Any
 
 
 def _counts(fleet: pl.DataFrame) -> dict[str, Any]:
+    """Runs per status (the usual three always, the others when they occur) and per root-cause class."""
     by_status = dict(fleet.group_by("status").len().iter_rows())
     by_class = fleet.filter(pl.col("class").is_not_null()).group_by("class").len().sort("len", descending=True)
-    return {"status": {s: by_status.get(s, 0) for s in STATUS_ORDER}, "classes": list(by_class.iter_rows())}
+    shown = {s: by_status.get(s, 0) for s in STATUS_ORDER if by_status.get(s) or s in ("failed", "degraded", "healthy")}
+    shown |= {s: n for s, n in by_status.items() if s not in shown}
+    return {"status": shown, "classes": list(by_class.iter_rows())}
 
 
 def _runs_table(fleet: pl.DataFrame) -> list[dict[str, Any]]:
@@ -185,7 +199,10 @@ def batch_figures(fleet: pl.DataFrame) -> list[tuple[str, go.Figure]]:
 
 
 def render_batch_html(fleet: pl.DataFrame, new: set[str] | None = None, title: str = "batch") -> str:
-    figs = [{"id": n, "json": figure_json(f)} for n, f in batch_figures(fleet)]  # redacted, labels as text
+    figs = [  # redacted, labels as text
+        {"id": n, "section": n, "metrics": [], "verdict": False, "json": figure_json(f)}
+        for n, f in batch_figures(fleet)
+    ]
     return (
         template_environment()
         .get_template("batch.html.j2")
@@ -196,6 +213,7 @@ def render_batch_html(fleet: pl.DataFrame, new: set[str] | None = None, title: s
             groups=recurring_failures(fleet, new or set()),
             runs=_runs_table(fleet),
             has_hosts=any(f["id"] == "hosts" for f in figs),
+            status_order=STATUS_ORDER,
             figures=figs,
             plotly_js=plotly_js_gz_b64() if figs else "",
             version=__version__,

@@ -7,6 +7,8 @@ every `<` escaped, so no log line can close its `<script>` element.
 Log text is hostile: it is autoescaped in the page, escaped again inside plot labels (plotly reads a
 subset of HTML there), redacted like every other output, and the page's Content-Security-Policy runs
 only the inline scripts whose hashes it lists, so markup that slipped through would still not execute.
+Those are two files of ours: `report.js` (sortable and filterable tables, copy buttons; every page) and
+`plotly_loader.js` (plots, the series picker, the dark theme; pages with plots).
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ from forensics import __version__
 from forensics.model import Analysis
 from forensics.package_data import templates_dir
 from forensics.redact import redact_tree
-from forensics.report.figures import figures
+from forensics.report import labels
+from forensics.report.colours import STATUS_COLOURS, class_colour
+from forensics.report.evidence import evidence_entries, finding_anchors
+from forensics.report.figures import plots
 from forensics.report.json_report import to_json_dict
+from forensics.report.series_data import series_catalogue
 
-PAGE_TEMPLATE = "plotly_white"  # the plotly template of every figure on a page
-INLINE_SCRIPTS = ("plotly_loader.js",)  # the only scripts the page may run (by hash); files in the templates folder
+INLINE_SCRIPTS = ("report.js", "plotly_loader.js")  # the only scripts a page may run (by hash); in the templates folder
 MAX_FILE_ROWS = 1000  # a run of 100,000 small files keeps its report small: the rest are in the JSON
 _KEEP_MARKUP_KEYS = {"hovertemplate", "texttemplate", "template"}  # written by our code, never from the logs
 
@@ -72,6 +77,15 @@ def template_environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["script_json"] = script_safe_json
+    env.filters["class_label"] = labels.class_label
+    env.filters["class_colour"] = class_colour
+    env.filters["ranks"] = labels.rank_ranges
+    env.filters["ranks_phrase"] = labels.ranks_phrase
+    env.filters["when"] = labels.when
+    env.filters["facts"] = labels.fact_rows
+    env.filters["field_label"] = labels.field_label
+    env.filters["field_value"] = lambda value, key="": labels.field_value(key, value)
+    env.globals["status_colours"] = STATUS_COLOURS
     scripts = {name: inline_script(name) for name in INLINE_SCRIPTS}
     env.globals["inline_scripts"] = scripts  # templates write them; the CSP runs only these
     env.globals["script_sources"] = " ".join(s.csp_source for s in scripts.values())
@@ -93,19 +107,12 @@ def plot_safe(value: Any, key: str = "") -> Any:
     return value
 
 
-@functools.cache
-def _page_template() -> dict[str, Any]:
-    return json.loads(pio.json.to_json_plotly(pio.templates[PAGE_TEMPLATE].to_plotly_json()))
-
-
 def figure_json(fig: Any, redact_secrets: bool = True) -> Any:
-    """A figure as the page embeds it: redacted, with every label plotly shows made plain text, and the
-    page's template (figures are built with an empty one: plotly validates and copies a named template
-    into every figure, ~25 ms each)."""
+    """A figure as the page embeds it: redacted, with every label plotly shows made plain text. Figures are
+    built with an empty template (plotly validates and copies a named one into every figure, ~25 ms each);
+    the loader gives them the page's light or dark theme."""
     data = json.loads(pio.to_json(fig, validate=False))
-    shown = plot_safe(redact_tree(data) if redact_secrets else data)
-    shown.setdefault("layout", {})["template"] = _page_template()
-    return shown
+    return plot_safe(redact_tree(data) if redact_secrets else data)
 
 
 def _files_shown(files: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -116,16 +123,40 @@ def _files_shown(files: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return telling[:MAX_FILE_ROWS]
 
 
+def _plot_entries(a: Analysis, redact_secrets: bool) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": p.id,
+            "section": p.section,
+            "metrics": list(p.metrics),
+            "verdict": p.verdict,
+            "json": figure_json(p.figure, redact_secrets),
+        }
+        for p in plots(a)
+    ]
+
+
 def render_html(a: Analysis, redact_secrets: bool = True, doc: dict[str, Any] | None = None) -> str:
     """The incident report page. `doc`: `to_json_dict(a, redact_secrets)` when the caller made it already."""
     doc = doc if doc is not None else to_json_dict(a, redact_secrets)
-    figs = [{"id": name, "json": figure_json(fig, redact_secrets)} for name, fig in figures(a)]
+    figs = _plot_entries(a, redact_secrets)
+    catalogue = series_catalogue(a.series)
+    catalogue = redact_tree(catalogue) if redact_secrets else catalogue
+    evidence = evidence_entries(a)
+    entries = redact_tree(evidence.entries) if redact_secrets else evidence.entries
+    anchor_of = {redact_tree(k) if redact_secrets else k: v for k, v in evidence.anchor_of.items()}
     shown = _files_shown(doc["run"]["files"])
     template = template_environment().get_template("incident.html.j2")
     return template.render(
         doc=doc,
         figures=figs,
-        plotly_js=plotly_js_gz_b64() if figs else "",
+        series=catalogue,
+        series_json=plot_safe(catalogue),
+        finding_anchors=finding_anchors(a.findings),
+        evidence=entries,
+        evidence_hidden=evidence.hidden,
+        evidence_anchor=anchor_of,
+        plotly_js=plotly_js_gz_b64() if figs or catalogue["metrics"] else "",
         metrics=doc["metrics"],
         files_shown=shown,
         files_hidden=len(doc["run"]["files"]) - len(shown),
