@@ -42,7 +42,24 @@ def print_summary(doc: dict[str, Any], console: Console, report_path: str | None
             console.print("[bold]What to change:[/]")
             for r in rc["remediation"][:3]:
                 console.print(f"  • {escape(r)}")
+    line = what_if_line(doc.get("traces") or {})
+    if line:
+        console.print(f"[bold]What it costs:[/] {escape(line)}")
     for w in doc["warnings"][:5]:
         console.print(f"[yellow]warning:[/] {escape(w)}")
     if report_path:
         console.print(f"[dim]report:[/] {escape(report_path)}")
+
+
+def what_if_line(traces: dict[str, Any]) -> str | None:
+    """One line from the traces' what-if: how much faster the job would be without its costliest rank."""
+    wi = traces.get("what_if")
+    if not wi:
+        return None
+    w = wi["worst"]
+    per = "ms/step" if wi["basis"] == "per step" else "ms over the window"
+    return (
+        f"the job would be {w['faster_pct']:.0f}% faster without rank {w['rank']}'s lateness "
+        f"({wi['measured_ms']:.1f} -> {w['without_ms']:.1f} {per}; its extra compute {w['compute_faster_pct']:.0f}%, "
+        f"its host gaps {w['host_faster_pct']:.0f}%); every rank like the median: {wi['balanced_faster_pct']:.0f}%"
+    )
