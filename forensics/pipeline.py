@@ -12,7 +12,7 @@ from forensics.analyses.checks import health_checks
 from forensics.analyses.diagnosis import build_findings, diagnose
 from forensics.analyses.dynamics import detect, dynamics_findings
 from forensics.analyses.enrich import enrich
-from forensics.analyses.flight_recorder import flight_recorder_detections
+from forensics.analyses.flight_recorder import review_flight_recorder
 from forensics.analyses.ray_cluster import ray_summary
 from forensics.analyses.traces import review_traces
 from forensics.catalogue import Catalogue
@@ -146,7 +146,8 @@ def analyze(paths: list[Path], options: Options | None = None) -> Analysis:
 
     file_order = {rf.rel: i for i, rf in enumerate(run.files)}
     findings = build_findings(events, catalogue, file_order)
-    findings += catalogue.describe_all(flight_recorder_detections(read.extras.get("flight_recorder", [])))
+    fr_detections, fr_warnings = review_flight_recorder(read.extras.get("flight_recorder", []))
+    findings += catalogue.describe_all(fr_detections)
     detections, detector_warnings = detect(series, events, read.marks, file_order, read.environment, read.config)
     findings += dynamics_findings(findings, detections, catalogue)
     traces = review_traces(read.extras, file_order)
@@ -171,7 +172,7 @@ def analyze(paths: list[Path], options: Options | None = None) -> Analysis:
         checks=checks,
         config=read.config,
         environment=environment,
-        warnings=[*run.warnings, *read.warnings, *detector_warnings, *traces.warnings],
+        warnings=[*run.warnings, *read.warnings, *fr_warnings, *detector_warnings, *traces.warnings],
         timings=clock.total(),
         extras=read.extras,
         ray=ray_summary(cluster),
