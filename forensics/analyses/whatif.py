@@ -42,6 +42,7 @@ import numpy as np
 from forensics.sources.gputrace import DeviceTrace, SyncTimeline
 
 CONTENDED_SHARE = 0.1  # a segment whose busy time is more than this much under the rank's own waiting
+CANDIDATES = 4  # "without rank r" is replayed for the ranks the others waited for most
 END = ("", -1)  # the segment after a rank's last collective
 _READY, _PROBE, _WAIT = 0, 1, 2  # event kinds, in the order they are taken at one instant
 
@@ -80,6 +81,9 @@ class _Rank:
     contended: dict[tuple[str, int], int]  # busy time under its own waiting, per segment
     step_collectives: dict[int, list[tuple[str, int]]]  # step index -> collectives started in it
     step_first: dict[int, int]  # step index -> its first lane activity
+
+    def __post_init__(self) -> None:
+        self.ready_index = {e.key: i for i, e in enumerate(self.events) if e.kind == _READY}
 
 
 @dataclass
@@ -257,6 +261,16 @@ class WhatIf:
         self.order = sorted(self.last_arrival, key=lambda k: (self.last_arrival[k], k))
         self.segments = sorted({s for r in self.ranks.values() for s in r.busy} | {END})
 
+    def candidates(self) -> list[int]:
+        """The ranks the others waited for most: per rank, the time between the second-last arrival and its own
+        at the collectives where it arrived last."""
+        caused = dict.fromkeys(self.ranks, 0)
+        for key in self.order:
+            arrivals = sorted((c.start, r) for r, rk in self.ranks.items() if (c := rk.collectives.get(key)))
+            if len(arrivals) > 1:
+                caused[arrivals[-1][1]] += arrivals[-1][0] - arrivals[-2][0]
+        return sorted(caused, key=lambda r: (-caused[r], r))[:CANDIDATES]
+
     def waited(self) -> dict[int, float]:
         """Per rank, the time per step (or over the window) it sat in collectives waiting for a later rank."""
         per = len(self.steps) or 1
@@ -277,24 +291,30 @@ class WhatIf:
         probes: dict[int, dict[int, int]] = {r: {} for r in self.ranks}
         cursor = {r: 0 for r in self.ranks}
         lane = {r: rk.first for r, rk in self.ranks.items()}
+        factors = {
+            r: (
+                [scale.busy.get(r, {}).get(e.segment, 1.0) for e in rk.events],
+                [scale.host.get(r, {}).get(e.segment, 1.0) for e in rk.events],
+            )
+            for r, rk in self.ranks.items()
+        }
 
-        def walk(r: int, until: tuple[int, int] | None) -> None:
-            rk = self.ranks[r]
-            fb, fh = scale.busy.get(r, {}), scale.host.get(r, {})
-            while cursor[r] < len(rk.events):
-                e = rk.events[cursor[r]]
-                if until is not None and (e.time, e.kind) > until:
-                    return
-                y = lane[r] + e.busy * fb.get(e.segment, 1.0) + e.host * fh.get(e.segment, 1.0)
+        def walk(r: int, upto: int) -> None:
+            """Advance rank r's lane through its events up to index `upto` (inclusive)."""
+            events, (fb, fh) = self.ranks[r].events, factors[r]
+            i, y, done = cursor[r], lane[r], ends[r]
+            while i <= upto:
+                e = events[i]
+                y = y + e.busy * fb[i] + e.host * fh[i]
                 if e.kind == _READY:
                     ready[r][e.key] = round(y)
                 elif e.kind == _PROBE:
                     probes[r][e.probe] = round(y)
                 else:
-                    released = ends[r].get(e.key, e.released)
-                    y = max(y, released) + (e.resume - e.released) * fh.get(e.segment, 1.0)
-                lane[r] = round(y)
-                cursor[r] += 1
+                    y = max(y, done.get(e.key, e.released)) + (e.resume - e.released) * fh[i]
+                y = round(y)
+                i += 1
+            cursor[r], lane[r] = i, y
 
         for key in self.order:
             arrival: dict[int, int] = {}
@@ -302,7 +322,7 @@ class WhatIf:
                 c = rk.collectives.get(key)
                 if c is None:
                     continue
-                walk(r, (c.ready, _READY))
+                walk(r, rk.ready_index[key])
                 prev_end = ends[r].get(c.previous) if c.previous is not None else None
                 base = ready[r].get(key, c.ready)
                 base = max(base, prev_end) if prev_end is not None else base
@@ -311,8 +331,8 @@ class WhatIf:
             for r, a in arrival.items():
                 c = self.ranks[r].collectives[key]
                 ends[r][key] = max(a, last + c.end - self.last_arrival[key])
-        for r in self.ranks:
-            walk(r, None)
+        for r, rk in self.ranks.items():
+            walk(r, len(rk.events) - 1)
         return Replay(self._step_ends(ends, probes), self._start())
 
     def _origin(self, timelines: dict[int, SyncTimeline]) -> int:
@@ -418,7 +438,7 @@ def what_if(units: list[DeviceTrace]) -> dict[str, Any] | None:
         return None
     actual = w.replay()
     measured = actual.mean
-    without = {r: w.replay(counterfactual(w, [r], "others")) for r in w.ranks}
+    without = {r: w.replay(counterfactual(w, [r], "others")) for r in w.candidates()}
     balanced = w.replay(counterfactual(w, list(w.ranks), "all"))
     worst = min(without, key=lambda r: (without[r].mean, r))
     compute = w.replay(counterfactual(w, [worst], "others", host=False))
