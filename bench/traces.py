@@ -1,12 +1,13 @@
 """forensics against HolisticTraceAnalysis (HTA) on the same Kineto traces: wall time and peak memory.
 
-    python bench/traces.py TRACE_DIR [--hta-python /tmp/hta-venv/bin/python] [--sizes 50 200] [--repeat 3]
+    python bench/traces.py TRACE_DIR [--hta-python /tmp/hta-venv/bin/python] [--copies 4 16] [--repeat 3]
 
 TRACE_DIR holds one `*.pt.trace.json[.gz]` per rank. HTA is not a dependency of forensics: install it in a
 separate environment (`python -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install HolisticTraceAnalysis`).
-Each size in --sizes (MB per rank, uncompressed) is measured in turn; the last lines give, per size, how many
-times faster and leaner forensics is than HTA, and how forensics' peak memory and time grow from the
-smallest size to the largest (goals: >= 10x faster than HTA; peak memory flat, <= 1.1x, for 4x the trace).
+Each tiling in --copies (the captured events repeated that many times, on every rank) is measured in turn; the
+last lines give, per size, how many times faster and leaner forensics is than HTA, and how forensics' peak memory
+and time grow from the smallest size to the largest (goals: >= 10x faster than HTA; peak memory flat, <= 1.1x,
+for 4x the trace).
 Each tool runs in its own subprocess, `--repeat` times; the median time is reported. Peak memory is the
 larger of the child's own high-water mark (VmHWM; not `ru_maxrss`, which Linux carries over exec from the
 forking parent, here the bench holding the tiled traces) and the summed proportional set size of its
@@ -14,7 +15,7 @@ process tree sampled every 20 ms from /proc (HTA parses ranks in worker processe
 temporal breakdown and comm/comp overlap; forensics runs `analyze` on the folder (discovery, every reader,
 rules, detectors, checks, trace review), the path a user takes.
 
-Traces smaller than a size (uncompressed) per rank are first made larger, deterministically, by tiling:
+Traces are made larger, deterministically, by tiling:
 each rank's events are repeated with timestamps shifted by the trace's span (plus 1 ms), with
 `External id`, `correlation`, flow ids and `ProfilerStep#N` numbers offset so that every copy stays
 unique; metadata events are kept once. Both tools then read the same tiled files (gzip, as captured).
@@ -128,19 +129,18 @@ def tile(source: Path, target: Path, copies: int) -> None:
         out.write("\n  ]\n}\n")
 
 
-def sized_traces(trace_dir: Path, mb: float, work: Path) -> Path:
-    """The traces tiled to at least `mb` MB per rank (as captured when they are that large already)."""
+def tiled_traces(trace_dir: Path, copies: int, work: Path) -> Path:
+    """The traces with their events repeated `copies` times (as captured for 1), and their size."""
     files = sorted(p for p in trace_dir.iterdir() if p.name.endswith((".json", ".json.gz")))
-    sizes = {p: _uncompressed_mb(p) for p in files}
-    if min(sizes.values()) >= mb:
-        print(f"traces as captured: {', '.join(f'{p.name} {s:.0f} MB' for p, s in sizes.items())}")
+    if copies == 1:
+        print(f"as captured: {', '.join(f'{p.name} {_uncompressed_mb(p):.1f} MB' for p in files)}")
         return trace_dir
-    out = work / f"tiled-{mb:g}"
+    out = work / f"tiled-{copies}"
     out.mkdir()
-    copies = max(1, -(-int(mb) // max(1, int(min(sizes.values())))))  # one count for every rank: same steps
-    for p, size in sizes.items():
-        tile(p, out / p.name.replace(".json.gz", ".json").replace(".json", ".json.gz"), copies)
-        print(f"tiled {p.name}: {size:.1f} MB x {copies} = {size * copies:.1f} MB uncompressed")
+    for p in files:
+        target = out / p.name.replace(".json.gz", ".json").replace(".json", ".json.gz")
+        tile(p, target, copies)
+        print(f"tiled {p.name} x {copies}: {_uncompressed_mb(target):.1f} MB uncompressed")
     return out
 
 
@@ -218,25 +218,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("trace_dir", type=Path)
     parser.add_argument("--hta-python", default="/tmp/hta-venv/bin/python")
-    parser.add_argument("--sizes", type=float, nargs="+", default=[50.0, 200.0], help="MB per rank, uncompressed")
+    parser.add_argument("--copies", type=int, nargs="+", default=[4, 16], help="tilings of the captured traces")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-traces-") as tmp:
-        for mb in sorted(args.sizes):
-            print(f"--- {mb:g} MB per rank")
-            results[mb] = _measure(sized_traces(args.trace_dir, mb, Path(tmp)), args.repeat, args.hta_python, env)
-    for mb, summary in results.items():
+        for copies in sorted(args.copies):
+            print(f"--- x{copies}")
+            results[copies] = _measure(
+                tiled_traces(args.trace_dir, copies, Path(tmp)), args.repeat, args.hta_python, env
+            )
+    for copies, summary in results.items():
         (ft, fc, fm), (ht, hc, hm) = summary["forensics"], summary["HTA"]
         print(
-            f"{mb:g} MB/rank, HTA/forensics: wall time {ht / ft:.1f}x, CPU time {hc / fc:.1f}x, "
+            f"x{copies}, HTA/forensics: wall time {ht / ft:.1f}x, CPU time {hc / fc:.1f}x, "
             f"peak memory {hm / fm:.1f}x (goal: >= 10x faster)"
         )
     small, large = min(results), max(results)
     (fs, _, ms), (fl, _, ml) = results[small]["forensics"][:3], results[large]["forensics"][:3]
     print(
-        f"forensics from {small:g} to {large:g} MB/rank ({large / small:.1f}x the trace): peak memory {ml / ms:.2f}x, "
+        f"forensics from x{small} to x{large} ({large / small:.1f}x the trace): peak memory {ml / ms:.2f}x, "
         f"wall time {fl / fs:.2f}x (goal: memory flat, <= 1.1x)"
     )
 
