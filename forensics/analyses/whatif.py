@@ -106,6 +106,7 @@ class Replay:
 
     @property
     def mean(self) -> float:
+        """The mean step time (the window's length without steps)."""
         return (self.step_ends[-1] - self.start) / len(self.step_ends)
 
 
@@ -209,7 +210,13 @@ def _prepare(rank: int, t: SyncTimeline, shift: int, last_arrival: dict, steps: 
     return _Rank(rank, origin, events, collectives, seg_busy, seg_host, contended, step_collectives, step_first)
 
 
-def _contention(lane_s, lane_e, collectives, last_arrival, events) -> dict[tuple[str, int], int]:
+def _contention(
+    lane_s: np.ndarray,
+    lane_e: np.ndarray,
+    collectives: dict[tuple[str, int], _Collective],
+    last_arrival: dict[tuple[str, int], int],
+    events: list[_Event],
+) -> dict[tuple[str, int], int]:
     """Per segment, the busy time that ran while this rank waited in a collective for a later rank."""
     blocked = sorted((c.start, last_arrival[k]) for k, c in collectives.items() if last_arrival[k] > c.start)
     if not blocked:
@@ -333,7 +340,7 @@ class WhatIf:
                 ends[r][key] = max(a, last + c.end - self.last_arrival[key])
         for r, rk in self.ranks.items():
             walk(r, len(rk.events) - 1)
-        return Replay(self._step_ends(ends, probes), self._start())
+        return Replay(self._step_ends(ends, probes), self.origin)
 
     def _origin(self, timelines: dict[int, SyncTimeline]) -> int:
         """The earliest start of the first common step on any rank (its first activity, if earlier or no steps)."""
@@ -343,10 +350,8 @@ class WhatIf:
             starts.append(min([*first, int(t.lane_start[0])]) - self.offsets[r])
         return min(starts) if starts else 0
 
-    def _start(self) -> int:
-        return self.origin
-
-    def _step_ends(self, ends, probes) -> list[int]:
+    def _step_ends(self, ends: dict[int, dict[tuple[str, int], int]], probes: dict[int, dict[int, int]]) -> list[int]:
+        """Per step, the last replayed end on any rank of what started in it (a single window without steps)."""
         if not self.steps:
             return [max(max([probes[r].get(-1, 0), *ends[r].values()]) for r in self.ranks)]
         out = []
@@ -358,7 +363,7 @@ class WhatIf:
                     values.append(probes[r][index])
                 if values:
                     per_rank.append(max(values))
-            out.append(max(per_rank) if per_rank else (out[-1] if out else self._start()))
+            out.append(max(per_rank) if per_rank else (out[-1] if out else self.origin))
         return out
 
 
@@ -411,16 +416,6 @@ def counterfactual(w: WhatIf, slow: list[int], peers: str, busy: bool = True, ho
                 launches = [w.ranks[q].collectives[key].launch for q in group if key in w.ranks[q].collectives]
                 scale.launch[r][key] = min(c.launch, round(_median(launches))) if launches else c.launch
     return scale
-
-
-@dataclass
-class RankCost:
-    """What one rank costs the job: the step time without it, and how much of that is compute, host gaps."""
-
-    rank: int
-    without_ms: float
-    compute_only_ms: float | None = None
-    host_only_ms: float | None = None
 
 
 def _ms(ns: float) -> float:
