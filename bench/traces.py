@@ -1,9 +1,13 @@
 """forensics against HolisticTraceAnalysis (HTA) on the same Kineto traces: wall time and peak memory.
 
-    python bench/traces.py TRACE_DIR [--hta-python /tmp/hta-venv/bin/python] [--min-mb 100] [--repeat 3]
+    python bench/traces.py TRACE_DIR [--hta-python /tmp/hta-venv/bin/python] [--copies 4 16] [--repeat 3]
 
 TRACE_DIR holds one `*.pt.trace.json[.gz]` per rank. HTA is not a dependency of forensics: install it in a
 separate environment (`python -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install HolisticTraceAnalysis`).
+Each tiling in --copies (the captured events repeated that many times, on every rank) is measured in turn; the
+last lines give, per size, how many times faster and leaner forensics is than HTA, and how forensics' peak memory
+and time grow from the smallest size to the largest (goals: >= 10x faster than HTA; peak memory flat, <= 1.1x,
+for 4x the trace).
 Each tool runs in its own subprocess, `--repeat` times; the median time is reported. Peak memory is the
 larger of the child's own high-water mark (VmHWM; not `ru_maxrss`, which Linux carries over exec from the
 forking parent, here the bench holding the tiled traces) and the summed proportional set size of its
@@ -11,7 +15,7 @@ process tree sampled every 20 ms from /proc (HTA parses ranks in worker processe
 temporal breakdown and comm/comp overlap; forensics runs `analyze` on the folder (discovery, every reader,
 rules, detectors, checks, trace review), the path a user takes.
 
-Traces smaller than --min-mb (uncompressed) per rank are first made larger, deterministically, by tiling:
+Traces are made larger, deterministically, by tiling:
 each rank's events are repeated with timestamps shifted by the trace's span (plus 1 ms), with
 `External id`, `correlation`, flow ids and `ProfilerStep#N` numbers offset so that every copy stays
 unique; metadata events are kept once. Both tools then read the same tiled files (gzip, as captured).
@@ -46,8 +50,11 @@ a = analyze([Path(sys.argv[1])])
 seconds = time.perf_counter() - t
 rows = {d["label"]: d["breakdown_ms"] for d in a.traces.get("devices", [])}
 ru = resource.getrusage(resource.RUSAGE_SELF)
+cost = (a.traces.get("what_if") or {}).get("worst") or {}
+keys = ("rank", "faster_pct", "compute_faster_pct", "host_faster_pct")
 print(json.dumps({"seconds": seconds, "cpu_seconds": ru.ru_utime + ru.ru_stime, "hwm_kib": vm_hwm_kib(),
-                  "breakdown": rows, "straggler": (a.traces.get("straggler") or {}).get("label")}))
+                  "breakdown": rows, "straggler": (a.traces.get("straggler") or {}).get("label"),
+                  "what_if": {k: cost.get(k) for k in keys}}))
 """
 
 HTA_CHILD = """
@@ -122,18 +129,18 @@ def tile(source: Path, target: Path, copies: int) -> None:
         out.write("\n  ]\n}\n")
 
 
-def large_traces(trace_dir: Path, min_mb: float, work: Path) -> Path:
+def tiled_traces(trace_dir: Path, copies: int, work: Path) -> Path:
+    """The traces with their events repeated `copies` times (as captured for 1), and their size."""
     files = sorted(p for p in trace_dir.iterdir() if p.name.endswith((".json", ".json.gz")))
-    sizes = {p: _uncompressed_mb(p) for p in files}
-    if min(sizes.values()) >= min_mb:
-        print(f"traces as captured: {', '.join(f'{p.name} {s:.0f} MB' for p, s in sizes.items())}")
+    if copies == 1:
+        print(f"as captured: {', '.join(f'{p.name} {_uncompressed_mb(p):.1f} MB' for p in files)}")
         return trace_dir
-    out = work / "tiled"
+    out = work / f"tiled-{copies}"
     out.mkdir()
-    for p, size in sizes.items():
-        copies = max(1, -(-int(min_mb) // max(1, int(size))))
-        tile(p, out / p.name.replace(".json.gz", ".json").replace(".json", ".json.gz"), copies)
-        print(f"tiled {p.name}: {size:.1f} MB x {copies} = {size * copies:.1f} MB uncompressed")
+    for p in files:
+        target = out / p.name.replace(".json.gz", ".json").replace(".json", ".json.gz")
+        tile(p, target, copies)
+        print(f"tiled {p.name} x {copies}: {_uncompressed_mb(target):.1f} MB uncompressed")
     return out
 
 
@@ -185,22 +192,12 @@ def run_child(python: str, code: str, trace_dir: Path, env: dict[str, str]) -> d
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trace_dir", type=Path)
-    parser.add_argument("--hta-python", default="/tmp/hta-venv/bin/python")
-    parser.add_argument(
-        "--min-mb", type=float, default=100.0, help="tile traces smaller than this (uncompressed, per rank)"
-    )
-    parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with tempfile.TemporaryDirectory(prefix="bench-traces-") as tmp:
-        traces = large_traces(args.trace_dir, args.min_mb, Path(tmp))
-        runs = {"forensics": [], "HTA": []}
-        for _ in range(args.repeat):
-            runs["forensics"].append(run_child(sys.executable, FORENSICS_CHILD, traces, env))
-            runs["HTA"].append(run_child(args.hta_python, HTA_CHILD, traces, {**os.environ}))
+def _measure(traces: Path, repeat: int, hta_python: str, env: dict[str, str]) -> dict[str, tuple[float, float, float]]:
+    """tool -> (median wall s, median CPU s, peak MiB) over `repeat` runs of each, interleaved."""
+    runs: dict[str, list[dict]] = {"forensics": [], "HTA": []}
+    for _ in range(repeat):
+        runs["forensics"].append(run_child(sys.executable, FORENSICS_CHILD, traces, env))
+        runs["HTA"].append(run_child(hta_python, HTA_CHILD, traces, {**os.environ}))
     summary = {}
     for tool, results in runs.items():
         summary[tool] = (
@@ -209,17 +206,40 @@ def main() -> None:
             max(r["peak_kib"] for r in results) / 1024,
         )
         wall, cpu, peak = summary[tool]
-        print(
-            f"{tool:>9}: {wall:7.2f} s wall, {cpu:7.2f} s CPU (medians of {args.repeat})   peak memory {peak:6.0f} MiB"
-        )
-    print(f"forensics breakdown (ms): {json.dumps(runs['forensics'][0]['breakdown'])}")
-    print(f"forensics straggler: {runs['forensics'][0]['straggler']}")
+        print(f"{tool:>9}: {wall:7.2f} s wall, {cpu:7.2f} s CPU (medians of {repeat})   peak memory {peak:6.0f} MiB")
+    first = runs["forensics"][0]
+    print(f"forensics breakdown (ms): {json.dumps(first['breakdown'])}")
+    print(f"forensics straggler: {first['straggler']}; what-if: {json.dumps(first['what_if'])}")
     print(f"HTA temporal breakdown: {json.dumps(runs['HTA'][0]['breakdown'])}")
-    print(f"HTA comm/comp overlap: {json.dumps(runs['HTA'][0]['overlap'])}")
-    (ft, fc, fm), (ht, hc, hm) = summary["forensics"], summary["HTA"]
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trace_dir", type=Path)
+    parser.add_argument("--hta-python", default="/tmp/hta-venv/bin/python")
+    parser.add_argument("--copies", type=int, nargs="+", default=[4, 16], help="tilings of the captured traces")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="bench-traces-") as tmp:
+        for copies in sorted(args.copies):
+            print(f"--- x{copies}")
+            results[copies] = _measure(
+                tiled_traces(args.trace_dir, copies, Path(tmp)), args.repeat, args.hta_python, env
+            )
+    for copies, summary in results.items():
+        (ft, fc, fm), (ht, hc, hm) = summary["forensics"], summary["HTA"]
+        print(
+            f"x{copies}, HTA/forensics: wall time {ht / ft:.1f}x, CPU time {hc / fc:.1f}x, "
+            f"peak memory {hm / fm:.1f}x (goal: >= 10x faster)"
+        )
+    small, large = min(results), max(results)
+    (fs, _, ms), (fl, _, ml) = results[small]["forensics"][:3], results[large]["forensics"][:3]
     print(
-        f"ratio HTA/forensics: wall time {ht / ft:.1f}x, CPU time {hc / fc:.1f}x, peak memory {hm / fm:.1f}x "
-        "(goal: >= 5x for time and memory)"
+        f"forensics from x{small} to x{large} ({large / small:.1f}x the trace): peak memory {ml / ms:.2f}x, "
+        f"wall time {fl / fs:.2f}x (goal: memory flat, <= 1.1x)"
     )
 
 

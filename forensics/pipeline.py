@@ -13,7 +13,7 @@ from forensics.analyses.coverage import nothing_read
 from forensics.analyses.diagnosis import build_findings, diagnose
 from forensics.analyses.dynamics import detect, dynamics_findings
 from forensics.analyses.enrich import enrich
-from forensics.analyses.flight_recorder import flight_recorder_detections
+from forensics.analyses.flight_recorder import review_flight_recorder
 from forensics.analyses.rank_timings import rank_timing_spread
 from forensics.analyses.ray_cluster import ray_summary
 from forensics.analyses.traces import review_traces
@@ -153,7 +153,8 @@ def _analyse(run: Run, paths: list[Path], options: Options, clock: _Clock) -> An
 
     file_order = {rf.rel: i for i, rf in enumerate(run.files)}
     findings = build_findings(events, catalogue, file_order)
-    findings += catalogue.describe_all(flight_recorder_detections(read.extras.get("flight_recorder", [])))
+    fr_detections, fr_warnings = review_flight_recorder(read.extras.get("flight_recorder", []))
+    findings += catalogue.describe_all(fr_detections)
     findings += catalogue.describe_all(rank_timing_spread(events, file_order))
     vocabulary = load_vocabulary(options.patterns)
     detections, detector_warnings = detect(
@@ -182,7 +183,7 @@ def _analyse(run: Run, paths: list[Path], options: Options, clock: _Clock) -> An
         checks=checks,
         config=read.config,
         environment=environment,
-        warnings=[*run.warnings, *read.warnings, *detector_warnings, *traces.warnings],
+        warnings=[*run.warnings, *read.warnings, *fr_warnings, *detector_warnings, *traces.warnings],
         timings=clock.total(),
         extras=read.extras,
         ray=ray_summary(cluster),

@@ -166,6 +166,21 @@ def test_nccl_kernels_of_both_namings_are_communication(nsys_dir: Path, tmp_path
     all_durations = sorted(e - s for s, e in nccl)
     assert device.nccl_median_ns == all_durations[(len(all_durations) - 1) // 2]
     assert {k.cls for k in device.top_kernels if k.name.startswith("nccl")} <= {"communication"}
+    _check_timeline(path, device.timeline, (900001, 900002))
+
+
+def _check_timeline(path: Path, timeline, nccl_ids: tuple[int, ...]) -> None:
+    """The what-if's view of the export, against plain Python over its rows: the lane is the union of compute
+    and copies; a collective is ready when the last compute or copy launched before it (by correlation id) ends."""
+    kernels = _rows(path, 'SELECT shortName, correlationId, start, "end" FROM CUPTI_ACTIVITY_KIND_KERNEL')
+    copies = _rows(path, 'SELECT 0, correlationId, start, "end" FROM CUPTI_ACTIVITY_KIND_MEMCPY')
+    lane = [(c, s, e) for n, c, s, e in kernels + copies if n not in nccl_ids]
+    assert int((timeline.lane_end - timeline.lane_start).sum()) == _union_length([(s, e) for _, s, e in lane])
+    collectives = sorted((s, e, c) for n, c, s, e in kernels if n in nccl_ids)
+    assert timeline.coll_start.tolist() == [s for s, _, _ in collectives]
+    for (start, _, corr), ready in zip(collectives, timeline.coll_ready.tolist(), strict=True):
+        before = [e for c, _, e in lane if c < corr]
+        assert ready == min(max(before), start) if before else start
 
 
 def test_damaged_and_foreign_sqlite_give_warnings_not_tracebacks(saxpy: Path, tmp_path: Path):

@@ -1,11 +1,14 @@
-"""GPU traces across ranks: where the time went per rank, and which rank the others wait for.
+"""GPU traces across ranks: where the time went per rank, which rank the others wait for, and what it costs.
 
 In synchronous data parallelism every rank's collective ends together, so a rank that arrives late makes
-the others sit in NCCL kernels: their NCCL time grows by about the time the straggler spends on extra
-work. The verdict needs both halves — one rank's compute per step exceeds the others' by a clear margin
-*and* the others' NCCL time rises by a comparable amount — so a balanced run (or one where everybody is
-slow) names nobody. Launch skew alone (one host a few ms late each step, GPU idle rather than busy) is
-common on healthy runs too (seen on our 2-GPU captures): it shows in the breakdown, not as a finding.
+the others sit in NCCL kernels. Where the traces carry each rank's collectives in order (Kineto), the what-if
+(analyses/whatif.py) replays the steps with each rank running like its peers: the rank whose replay saves
+the most is the straggler when the saving is clear, and the replay splits it into the rank's own extra
+compute and its host-side gaps (its GPU idle, waiting for its own host: data loading, Python, launches).
+Host jitter alone makes a few ms of launch skew on healthy runs (19 % of a 45 ms step on our 2-GPU healthy
+capture), so a host-side straggler needs a larger share than a compute-side one. Without per-collective
+timelines (Nsight exports) the older rule applies: one rank's compute per step exceeds the others' by a clear
+margin *and* the others' NCCL time rises by a comparable amount.
 """
 
 from __future__ import annotations
@@ -14,11 +17,17 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from forensics.analyses.whatif import what_if
 from forensics.catalogue import Detection
 from forensics.model import Evidence
 from forensics.sources.gputrace import EXTRAS_KEY, DeviceTrace, TraceFile
 
 RULE_ID = "trace-straggler"
+COMPUTE_COST_PCT = 10.0  # the job must be at least this much faster without the rank (its compute the larger part)
+HOST_COST_PCT = 25.0  # ... or this much, when its host gaps are the larger part (host jitter reaches ~20 %)
+MIN_SAVED_NS = 1_000_000  # and at least 1 ms per step (or over the window)
+HEAVY_KERNELS = 3
+MIN_HEAVY_NS = 100_000  # a kernel named as where the extra time went: at least 0.1 ms more per step
 REL_MARGIN = 0.2  # the straggler's extra compute: at least this fraction of the others' ...
 ABS_MARGIN_NS = 1_000_000  # ... and at least 1 ms per step (or over the window when there are no steps)
 WAIT_SHARE = 0.5  # the others' extra NCCL time must cover at least half of the straggler's extra compute
@@ -136,6 +145,80 @@ def straggler_detection(s: Straggler, units: list[DeviceTrace], file_order: dict
     )
 
 
+def heavier_kernels(worst: DeviceTrace, others: list[DeviceTrace], basis: str) -> list[dict[str, Any]]:
+    """The compute kernels on which the rank spends the most time beyond the median of the others."""
+    if worst.timeline is None:
+        return []
+    mine = worst.timeline.kernel_totals
+    theirs = [o.timeline.kernel_totals for o in others if o.timeline is not None]
+    rows = []
+    for name, (count, ns) in mine.items():
+        other_count = statistics.median([t.get(name, (0, 0))[0] for t in theirs]) if theirs else 0
+        other_ns = statistics.median([t.get(name, (0, 0))[1] for t in theirs]) if theirs else 0
+        rows.append((_per(worst, ns - other_ns, basis), _per(worst, count - other_count, basis), name))
+    rows.sort(reverse=True)
+    top = rows[0][0] if rows else 0
+    return [
+        {"name": name[:200], "extra_ms": round(extra / 1e6, 3), "extra_calls": round(calls, 1)}
+        for extra, calls, name in rows[:HEAVY_KERNELS]
+        if extra > max(0.1 * top, MIN_HEAVY_NS)
+    ]
+
+
+def _short(kernel: str) -> str:
+    return kernel.split("(")[0][:80]
+
+
+def _cost_detection(wi: dict[str, Any], units: list[DeviceTrace], file_order: dict[str, int]) -> Detection | None:
+    """The straggler by its cost: the rank without which the replayed step is clearly shorter."""
+    worst = wi["worst"]
+    unit = next(u for u in units if u.rank == worst["rank"])
+    host_side = worst["host_faster_pct"] > worst["compute_faster_pct"]
+    threshold = HOST_COST_PCT if host_side else COMPUTE_COST_PCT
+    if worst["faster_pct"] < threshold or worst["saved_ms"] * 1e6 < MIN_SAVED_NS:
+        return None
+    basis = wi["basis"]
+    others = [u for u in units if u is not unit]
+    waited = statistics.median([wi["waited_ms"].get(str(u.rank), 0.0) for u in others]) if others else 0.0
+    heavy = heavier_kernels(unit, others, basis)
+    per = "ms per step" if basis == "per step" else "ms over the profiled window"
+    where = (
+        "; its extra GPU time is mostly in "
+        + ", ".join(f"{_short(k['name'])} (+{k['extra_ms']:.1f} {per}, {k['extra_calls']:+g} calls)" for k in heavy)
+        if heavy and worst["compute_faster_pct"] >= COMPUTE_COST_PCT / 2
+        else ""
+    )
+    explanation = (
+        f"The job would be {worst['faster_pct']:.0f}% faster without rank {unit.rank}'s lateness: "
+        f"{wi['measured_ms']:.1f} -> {worst['without_ms']:.1f} {per} if it ran like the median of the others. "
+        f"Its own extra compute alone costs {worst['compute_faster_pct']:.0f}%, its host-side gaps (its GPU idle, "
+        f"waiting for its own host: data loading, Python, kernel launches) {worst['host_faster_pct']:.0f}%; the "
+        f"other ranks wait {waited:.1f} {per} for it in collectives{where}."
+    )
+    evidence = [Evidence(u.file, 0, _evidence_line(u, basis)) for u in [unit, *others]]
+    fields = {
+        "rank": unit.rank,
+        "basis": basis,
+        "faster_pct": worst["faster_pct"],
+        "measured_ms": wi["measured_ms"],
+        "without_ms": worst["without_ms"],
+        "compute_faster_pct": worst["compute_faster_pct"],
+        "host_faster_pct": worst["host_faster_pct"],
+        "others_wait_ms": round(waited, 3),
+        "heavier_kernels": heavy,
+    }
+    return Detection(
+        id="trace-host-straggler" if host_side else "trace-straggler",
+        rank=unit.rank,
+        host=unit.host,
+        ts=unit.start,
+        order=(file_order.get(unit.file, 0), 0, 0),
+        evidence=evidence,
+        fields=fields,
+        explanation=explanation,
+    )
+
+
 def nccl_latency_ms(units: list[DeviceTrace]) -> float | None:
     """The run's typical NCCL kernel time: the median over ranks of each rank's median NCCL kernel."""
     medians = [u.nccl_median_ns for u in units if u.nccl_median_ns is not None]
@@ -158,8 +241,14 @@ def review_traces(extras: dict[str, list[Any]], file_order: dict[str, int]) -> T
     if not files:
         return TraceReview()
     units, duplicates = rank_units(files)
-    straggler = find_straggler(units)
+    cost = what_if(units)
     latency = nccl_latency_ms(units)
+    if cost is not None:
+        detection = _cost_detection(cost, units, file_order)
+        straggler = None
+    else:
+        straggler = find_straggler(units)
+        detection = straggler_detection(straggler, units, file_order) if straggler else None
     summary = {
         "basis": _basis(units),
         "compared": [u.label for u in units],
@@ -167,12 +256,29 @@ def review_traces(extras: dict[str, list[Any]], file_order: dict[str, int]) -> T
         "files": [
             {"file": f.file, "source": f.source, "rank": f.rank, **f.tables} for f in files if any(f.tables.values())
         ],
-        "straggler": straggler.to_json() if straggler else None,
+        "straggler": _straggler_json(detection, straggler, units),
+        "what_if": cost,
         "nccl_latency_ms": latency,
     }
     return TraceReview(
         summary=summary,
-        detections=[straggler_detection(straggler, units, file_order)] if straggler else [],
+        detections=[detection] if detection else [],
         environment={"nccl_latency_ms": latency} if latency is not None else {},
         warnings=duplicates,
     )
+
+
+def _straggler_json(detection: Detection | None, straggler: Straggler | None, units: list[DeviceTrace]) -> Any:
+    if straggler is not None:
+        return straggler.to_json()
+    if detection is None:
+        return None
+    unit = next(u for u in units if u.rank == detection.rank)
+    return {
+        "label": unit.label,
+        "rank": unit.rank,
+        "file": unit.file,
+        "rule": detection.id,
+        "explanation": detection.explanation,
+        **detection.fields,
+    }

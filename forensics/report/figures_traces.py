@@ -1,4 +1,5 @@
-"""GPU trace figures: where each rank's time went, and its NCCL time by collective. Pure: dicts in, figures out."""
+"""GPU trace figures: where each rank's time went, its NCCL time by collective, and what the straggler costs (the
+what-if replay). Pure: dicts in, figures out."""
 
 from __future__ import annotations
 
@@ -58,5 +59,35 @@ def nccl_figure(traces: dict[str, Any]) -> go.Figure | None:
     return fig
 
 
+WHAT_IF_BARS = (
+    ("measured_ms", "measured", "#7f7f7f"),
+    ("without_ms", "without rank {rank}'s lateness", "#2ca02c"),
+    ("compute_only_ms", "without its extra compute only", "#1f77b4"),
+    ("balanced_ms", "every rank like the median", "#9467bd"),
+)
+
+
+def what_if_figure(traces: dict[str, Any]) -> go.Figure | None:
+    """Step time as measured and as replayed without the costliest rank's lateness, per step."""
+    wi = traces.get("what_if")
+    if not wi or not wi.get("steps"):
+        return None
+    rank = wi["worst"]["rank"]
+    labels = [f"step {s['step']}" if s["step"] is not None else "window" for s in wi["steps"]]
+    fig = go.Figure()
+    for key, name, colour in WHAT_IF_BARS:
+        fig.add_trace(
+            go.Bar(name=name.format(rank=rank), x=labels, y=[s[key] for s in wi["steps"]], marker_color=colour)
+        )
+    unit = "ms per step" if wi["basis"] == "per step" else "ms over the profiled window"
+    title = f"What it costs: {wi['worst']['faster_pct']:.0f}% faster without rank {rank}'s lateness (replayed)"
+    fig.update_layout(title=title, barmode="group", yaxis_title=unit, **_LAYOUT)
+    return fig
+
+
 def figures(a: Analysis) -> list[tuple[str, go.Figure | None]]:
-    return [("traces-breakdown", breakdown_figure(a.traces)), ("traces-nccl", nccl_figure(a.traces))]
+    return [
+        ("traces-breakdown", breakdown_figure(a.traces)),
+        ("traces-nccl", nccl_figure(a.traces)),
+        ("traces-what-if", what_if_figure(a.traces)),
+    ]

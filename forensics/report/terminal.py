@@ -89,6 +89,9 @@ def print_summary(doc: dict[str, Any], console: Console, report_path: str | None
         console.print(escape(v["summary"]))
     else:
         _print_root_cause(rc, v["symptoms"], console)
+    line = what_if_line(doc.get("traces") or {})
+    if line:
+        console.print(f"[bold]What it costs:[/] {escape(line)}")
     for w in doc["warnings"][:5]:
         hanging(console, "[yellow]warning:[/] ", escape(w))
     if len(doc["warnings"]) > 5:
@@ -115,3 +118,17 @@ def print_checks(doc: dict[str, Any], console: Console) -> None:
         value = "–" if c["value"] is None else str(c["value"])
         table.add_row(escape(c["name"]), f"[{style}]{c['status']}[/]", escape(value), escape(c["detail"]))
     console.print(table)
+
+
+def what_if_line(traces: dict[str, Any]) -> str | None:
+    """One line from the traces' what-if: how much faster the job would be without its costliest rank."""
+    wi = traces.get("what_if")
+    if not wi:
+        return None
+    w = wi["worst"]
+    per = "ms/step" if wi["basis"] == "per step" else "ms over the window"
+    return (
+        f"the job would be {w['faster_pct']:.0f}% faster without rank {w['rank']}'s lateness "
+        f"({wi['measured_ms']:.1f} -> {w['without_ms']:.1f} {per}; its extra compute {w['compute_faster_pct']:.0f}%, "
+        f"its host gaps {w['host_faster_pct']:.0f}%); every rank like the median: {wi['balanced_faster_pct']:.0f}%"
+    )

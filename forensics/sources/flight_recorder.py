@@ -40,9 +40,48 @@ def _entry_summary(entry: dict[str, Any]) -> dict[str, Any]:
         "input_sizes": entry.get("input_sizes"),
         "output_sizes": entry.get("output_sizes"),
         "dtypes": entry.get("input_dtypes"),
+        "output_dtypes": entry.get("output_dtypes"),
+        "record_id": entry.get("record_id"),
         "is_p2p": bool(entry.get("is_p2p")),
         "time_created_ns": entry.get("time_created_ns"),
         "timeout_ms": entry.get("timeout_ms"),
+    }
+
+
+def _group_members(pg_config: Any, entries: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Process group (the name entries carry) -> its global ranks, from pg_config."""
+    out: dict[str, list[int]] = {}
+    if not isinstance(pg_config, dict):
+        return out
+    for key, cfg in pg_config.items():
+        if not isinstance(cfg, dict):
+            continue
+        ranks = _ranks(cfg.get("ranks"))
+        name = str(cfg.get("name") or key)
+        if ranks and name:
+            out[name] = ranks
+    named = {str(e.get("pg_id")) for e in entries} | {str((e.get("process_group") or ("",))[0]) for e in entries}
+    return {pg: ranks for pg, ranks in out.items() if pg in named} or out
+
+
+def _ranks(value: Any) -> list[int]:
+    """`ranks` as the recorder writes it: text (`'[0, 1]'`) or a list."""
+    if isinstance(value, str):
+        value = [v for v in re.split(r"[^\d]+", value) if v]
+    try:
+        return [int(v) for v in value] if isinstance(value, (list, tuple)) else []
+    except (TypeError, ValueError):
+        return []
+
+
+def _status(pg_status: Any) -> dict[str, dict[str, Any]]:
+    if not isinstance(pg_status, dict):
+        return {}
+    keys = {"last_enqueued": "last_enqueued_collective", "last_completed": "last_completed_collective"}
+    return {
+        str(pg): {ours: s.get(theirs) for ours, theirs in keys.items()}
+        for pg, s in pg_status.items()
+        if isinstance(s, dict)
     }
 
 
@@ -91,6 +130,8 @@ def _read(path: Path, rel: str, sink: Sink) -> FileResult:
         "rank": rank,
         "file": rel,
         "entries": [_entry_summary(e) for e in entries[-KEPT_ENTRIES:]],
+        "groups": _group_members(pg_config, entries),
+        "status": _status(dump.get("pg_status")),
     }
     result.note = f"flight recorder, rank {rank}, {len(entries)} entries"
     return result

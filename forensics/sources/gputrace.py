@@ -3,15 +3,22 @@
 Times are integer nanoseconds. The breakdown is exclusive so that it adds up to the span: `compute` is
 the union of compute kernels; `communication` the NCCL time not hidden under compute (exposed); `memory`
 the memcpy/memset time under neither; `idle` the rest. `overlap` is the NCCL time that ran under compute.
-Kernel classes follow HTA (hta/common/types.py), with NCCL >= 2.19's `ncclDevKernel_*` names as well.
+Which kernels are communication is data (`kernel_classes.yaml`: NCCL of both namings, DeepEP, NVSHMEM, custom
+all-reduces); collective names are normalised (`allreduce` from the kernel's args and `AllReduce` from its name
+are one collective). Each device also keeps a `SyncTimeline`, the input of the what-if (analyses/whatif.py).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
+
+import numpy as np
+import yaml
 
 from forensics.model import iso
 from forensics.sources.base import Sink
@@ -19,21 +26,69 @@ from forensics.sources.base import Sink
 COMPUTE = "compute"
 COMMUNICATION = "communication"
 MEMORY = "memory"
-NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_(?P<op>[A-Za-z]+)")
 RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.IGNORECASE)
 TOP_KERNELS = 10
 TOP_GAPS = 5
 SLOWEST_NCCL = 5
+KERNEL_CLASSES = Path(__file__).with_name("kernel_classes.yaml")
+# torch's collective names (`Collective name`, `_allgather_base`, ...) and NCCL's kernel names, one spelling each
+COLLECTIVES = {
+    "allreduce": "AllReduce",
+    "allgather": "AllGather",
+    "reducescatter": "ReduceScatter",
+    "broadcast": "Broadcast",
+    "alltoall": "AllToAll",
+    "alltoallv": "AllToAll",
+    "sendrecv": "SendRecv",
+    "send": "Send",
+    "recv": "Recv",
+    "reduce": "Reduce",
+    "gather": "Gather",
+    "scatter": "Scatter",
+    "barrier": "Barrier",
+}
+_NAMED_GROUP = re.compile(r"\(\?P<\w+>")
+_COLLECTIVE_NOISE = re.compile(r"_?(?:base|into_tensor|tensor|coalesced)\b|_")
+
+
+@dataclass(frozen=True)
+class CommKernels:
+    """The communication-kernel patterns: one regex for "is it communication", and the op of each pattern."""
+
+    patterns: tuple[tuple[str, str | None], ...]  # (regex, fixed op or None when the regex names it)
+
+    @property
+    def any_pattern(self) -> str:
+        return "|".join(f"(?:{_NAMED_GROUP.sub('(?:', p)})" for p, _ in self.patterns)
+
+    def op(self, name: str) -> str | None:
+        for pattern, fixed in self.patterns:
+            m = re.search(pattern, name)
+            if m:
+                return normalise_collective(m.groupdict().get("op") or fixed or name)
+        return None
+
+
+@functools.cache
+def comm_kernels() -> CommKernels:
+    data = yaml.safe_load(KERNEL_CLASSES.read_text(encoding="utf-8"))
+    return CommKernels(tuple((e["pattern"], e.get("op")) for e in data["communication"]))
+
+
+def normalise_collective(op: str) -> str:
+    """`allreduce`, `all_reduce`, `AllReduce`, `_allgather_base` -> NCCL's spelling; other names unchanged."""
+    key = _COLLECTIVE_NOISE.sub("", op.strip().lower())
+    return COLLECTIVES.get(key, op)
 
 
 def is_nccl_kernel(name: str) -> bool:
-    return name.lower().startswith("nccl")
+    """Whether the kernel is communication (the name is kept for the NCCL kernels it first meant)."""
+    return comm_kernels().op(name) is not None
 
 
 def nccl_op(name: str) -> str:
-    """The collective in a NCCL kernel name (`AllReduce` from both namings); the name itself otherwise."""
-    m = NCCL_KERNEL.match(name)
-    return m["op"] if m else name.split("(", 1)[0]
+    """The collective of a communication kernel (`AllReduce` from both NCCL namings); the name otherwise."""
+    return comm_kernels().op(name) or name.split("(", 1)[0]
 
 
 def rank_from_file_name(rel: str) -> int | None:
@@ -87,6 +142,79 @@ class NcclStat:
 
 
 @dataclass
+class SyncTimeline:
+    """One GPU's activity as the what-if needs it (ns, the trace's clock).
+
+    `lane_*`: the union of its compute and memory activity (every stream). `coll_*`: its communication kernels
+    in start order, keyed by process group and their order in it (every rank issues a group's collectives in
+    the same order), with `ready` the end of the last compute/memory activity launched before the kernel
+    (CUDA correlation ids grow in launch order: the kernel's stream waits for them) and `stream`.
+    `steps`: (step number, CPU window start, end) of `ProfilerStep#N`.
+    """
+
+    lane_start: np.ndarray
+    lane_end: np.ndarray
+    coll_group: list[str]
+    coll_index: np.ndarray
+    coll_start: np.ndarray
+    coll_end: np.ndarray
+    coll_ready: np.ndarray
+    coll_stream: np.ndarray
+    steps: list[tuple[int, int, int]] = field(default_factory=list)
+    kernel_totals: dict[str, tuple[int, int]] = field(default_factory=dict)  # compute kernel -> (count, ns)
+
+    @property
+    def keys(self) -> list[tuple[str, int]]:
+        return list(zip(self.coll_group, self.coll_index.tolist(), strict=True))
+
+
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merged [s, e) intervals of intervals sorted by start."""
+    if not starts.size:
+        return starts, ends
+    reach = np.maximum.accumulate(ends)
+    new = np.ones(starts.size, dtype=bool)
+    new[1:] = starts[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], starts.size) - 1
+    return starts[first], reach[last]
+
+
+def build_timeline(
+    lane_s: np.ndarray,
+    lane_e: np.ndarray,
+    lane_corr: np.ndarray,
+    coll_s: np.ndarray,
+    coll_e: np.ndarray,
+    coll_corr: np.ndarray,
+    coll_stream: np.ndarray,
+    coll_group: list[str],
+    steps: list[tuple[int, int, int]],
+    kernel_totals: dict[str, tuple[int, int]],
+) -> SyncTimeline:
+    """A device's SyncTimeline from its activity sorted by start (corr -1 where unknown)."""
+    order = np.argsort(lane_s, kind="stable")
+    lane_start, lane_end = _union(lane_s[order], lane_e[order])
+    ready = coll_s.copy()
+    known = lane_corr >= 0
+    if known.any() and coll_s.size:
+        by_corr = np.argsort(lane_corr[known], kind="stable")
+        corr_sorted = lane_corr[known][by_corr]
+        reach = np.maximum.accumulate(lane_e[known][by_corr])
+        before = np.searchsorted(corr_sorted, coll_corr) - 1
+        has = (before >= 0) & (coll_corr >= 0)
+        ready = np.where(has, np.minimum(reach[np.maximum(before, 0)], coll_s), coll_s)
+    index = np.zeros(coll_s.size, dtype=np.int64)
+    seen: dict[str, int] = {}
+    for i, g in enumerate(coll_group):
+        index[i] = seen.get(g, 0)
+        seen[g] = index[i] + 1
+    return SyncTimeline(
+        lane_start, lane_end, coll_group, index, coll_s, coll_e, ready, coll_stream, steps, kernel_totals
+    )
+
+
+@dataclass
 class DeviceTrace:
     """Where one GPU's time went during the profiled window."""
 
@@ -110,6 +238,7 @@ class DeviceTrace:
     nccl_ops: list[NcclStat] = field(default_factory=list)
     slowest_nccl: list[dict[str, Any]] = field(default_factory=list)  # op, offset_ms, us
     idle_gaps: list[tuple[int, int]] = field(default_factory=list)  # (offset from start, length) ns
+    timeline: SyncTimeline | None = field(default=None, repr=False)  # for the what-if; not in the JSON
 
     @property
     def overlap_ns(self) -> int:

@@ -32,14 +32,18 @@ from forensics.sources.gputrace import (
     COMMUNICATION,
     COMPUTE,
     EXTRAS_KEY,
-    NCCL_KERNEL,
     SLOWEST_NCCL,
     TOP_GAPS,
     TOP_KERNELS,
     DeviceTrace,
     KernelStat,
     NcclStat,
+    SyncTimeline,
     TraceFile,
+    build_timeline,
+    comm_kernels,
+    nccl_op,
+    normalise_collective,
     rank_from_file_name,
     record_samples,
 )
@@ -57,7 +61,13 @@ MARKER_HEADS = np.unique(np.array([int.from_bytes(m[:4], "little") for m in KEEP
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 WORKER_NAME = re.compile(r"^(?P<host>.+)_(?P<pid>\d+)\.\d+\.pt\.trace\.json")
 EPOCH_US = 1e15  # older traces carry absolute µs timestamps and no baseTimeNanoseconds
-_ARGS = {"Collective name": pl.String, "device": pl.String}
+_ARGS = {
+    "Collective name": pl.String,
+    "device": pl.String,
+    "stream": pl.Int64,
+    "correlation": pl.Int64,
+    "Process Group Name": pl.String,
+}
 EVENT_SCHEMA = {
     "ph": pl.String,
     "cat": pl.String,
@@ -74,12 +84,17 @@ _FOLD = 0x20  # OR-ing it folds `[` onto `{` and `]` onto `}`, and no other byte
 _OPEN, _CLOSE = 123, 125  # { }
 
 
+# older Kineto (2022) writes no schemaVersion, puts distributedInfo last and names categories `Kernel`, `Runtime`
+_OLD_LAYOUT = re.compile(rb'"ph"\s*:\s*"X"\s*,\s*"cat"\s*:\s*"(?:Kernel|Runtime|Operator|cpu_op|kernel)"')
+
+
 def _sniff(name: str, head: bytes) -> bool:
     if name.endswith((".pt.trace.json", ".pt.trace.json.gz")):
         return True
     if not name.endswith((".json", ".json.gz")) or b'"traceEvents"' not in head:
         return False
-    return any(k in head for k in (b'"schemaVersion"', b'"deviceProperties"', b'"distributedInfo"'))
+    markers = (b'"schemaVersion"', b'"deviceProperties"', b'"distributedInfo"')
+    return any(k in head for k in markers) or _OLD_LAYOUT.search(head) is not None
 
 
 # --- the byte-level scan ---------------------------------------------------------------------------
@@ -290,7 +305,7 @@ def _parse_block(chunk: _Elements, bad_lines: list[int]) -> pl.DataFrame:
                 args = event.get("args") if isinstance(event.get("args"), dict) else {}
                 rows.append(
                     {k: _text_or_number(event.get(k), EVENT_SCHEMA[k]) for k in EVENT_SCHEMA if k != "args"}
-                    | {"args": {k: _text_or_number(args.get(k), pl.String) for k in _ARGS}}
+                    | {"args": {k: _text_or_number(args.get(k), dtype) for k, dtype in _ARGS.items()}}
                 )
         return pl.DataFrame(rows, schema=EVENT_SCHEMA)
 
@@ -300,6 +315,8 @@ def _text_or_number(value: Any, dtype: Any) -> Any:
         return None
     if dtype == pl.Float64:
         return float(value) if isinstance(value, (int, float)) else None
+    if dtype == pl.Int64:
+        return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     return str(value)
 
 
@@ -307,36 +324,53 @@ _NS = 1000.0
 
 
 def _gpu_rows(frame: pl.DataFrame) -> pl.DataFrame:
-    """GPU activity as (dev, s, e, cls, name, op) with integer ns; cls 0 compute, 1 NCCL, 2 memory."""
+    """GPU activity as (dev, s, e, cls, name, op, stream, corr, pg) with integer ns; cls 0 compute, 1
+    communication (kernel_classes.yaml), 2 memory. `op` is the raw collective name, normalised in `_finish_ops`."""
     cat = pl.col("cat").str.to_lowercase()
     name = pl.col("name")
+    args = pl.col("args").struct
     is_memory = cat.is_in(["gpu_memcpy", "gpu_memset", "memcpy", "memset"]) | name.str.contains(r"^(?:Memcpy|Memset)")
-    is_nccl = name.str.to_lowercase().str.starts_with("nccl")
+    is_comm = name.str.contains(comm_kernels().any_pattern)
     start = (pl.col("ts") * _NS).round().cast(pl.Int64)
     return (
         frame.filter((pl.col("ph") == "X") & cat.is_in(GPU_CATEGORIES) & pl.col("ts").is_not_null())
         .select(
-            pl.coalesce(pl.col("args").struct.field("device"), pl.col("pid")).cast(pl.Int64, strict=False).alias("dev"),
+            pl.coalesce(args.field("device"), pl.col("pid")).cast(pl.Int64, strict=False).alias("dev"),
             start.alias("s"),
             (start + (pl.col("dur").fill_null(0) * _NS).round().cast(pl.Int64)).alias("e"),
-            pl.when(is_memory).then(2).when(is_nccl).then(1).otherwise(0).cast(pl.Int8).alias("cls"),
+            pl.when(is_memory).then(2).when(is_comm).then(1).otherwise(0).cast(pl.Int8).alias("cls"),
             name.cast(pl.Categorical),
-            pl.when(is_nccl)
-            .then(pl.coalesce(pl.col("args").struct.field("Collective name"), name.str.extract(NCCL_KERNEL.pattern, 1)))
+            pl.when(is_comm & ~is_memory)
+            .then(pl.coalesce(args.field("Collective name"), name))
             .cast(pl.Categorical)
             .alias("op"),
+            args.field("stream").alias("stream"),
+            args.field("correlation").alias("corr"),
+            args.field("Process Group Name").cast(pl.Categorical).alias("pg"),
         )
         .filter(pl.col("dev").is_not_null())
     )
 
 
+def _finish_ops(rows: pl.DataFrame) -> pl.DataFrame:
+    """One spelling per collective: torch's `allreduce` (kernel args) and NCCL's `AllReduce` (kernel name) are one."""
+    raw = [v for v in rows.get_column("op").unique().to_list() if v is not None]
+    mapping = {v: normalise_collective(nccl_op(v)) for v in raw}
+    return rows.with_columns(pl.col("op").cast(pl.String).replace(mapping).cast(pl.Categorical))
+
+
 def _step_rows(frame: pl.DataFrame) -> pl.DataFrame:
-    """CPU-side `ProfilerStep#N` windows."""
+    """CPU-side `ProfilerStep#N` windows: (step, s, e) in ns."""
+    start = (pl.col("ts") * _NS).round().cast(pl.Int64)
     return frame.filter(
         (pl.col("ph") == "X")
         & pl.col("name").str.starts_with("ProfilerStep#")
         & ~pl.col("cat").fill_null("").str.starts_with("gpu_")
-    ).select(pl.col("name").str.extract(STEP_NAME.pattern, 1).cast(pl.Int64, strict=False).alias("step"))
+    ).select(
+        pl.col("name").str.extract(STEP_NAME.pattern, 1).cast(pl.Int64, strict=False).alias("step"),
+        start.alias("s"),
+        (start + (pl.col("dur").fill_null(0) * _NS).round().cast(pl.Int64)).alias("e"),
+    )
 
 
 # --- per-device summaries --------------------------------------------------------------------------
@@ -507,14 +541,40 @@ def _origin_ns(doc: dict[str, Any], rows: pl.DataFrame) -> int | None:
     return 0 if first is not None and first > EPOCH_US * _NS else None
 
 
-def _flush(pending: list[pl.DataFrame], gpu: list[pl.DataFrame], steps: set[int]) -> None:
-    """Parsed events (names as text) to GPU rows (names interned) and step numbers, in one batch."""
+def _flush(pending: list[pl.DataFrame], gpu: list[pl.DataFrame], steps: dict[int, tuple[int, int]]) -> None:
+    """Parsed events (names as text) to GPU rows (names interned) and step windows, in one batch."""
     if not pending:
         return
     frame = pl.concat(pending)
     pending.clear()
     gpu.append(_gpu_rows(frame))
-    steps.update(s for s in _step_rows(frame).get_column("step").to_list() if s is not None)
+    for step, start, end in _step_rows(frame).iter_rows():
+        if step is not None and (step not in steps or end - start > steps[step][1] - steps[step][0]):
+            steps[step] = (start, end)
+
+
+def _timeline(rows: pl.DataFrame, device: int, steps: dict[int, tuple[int, int]]) -> SyncTimeline:
+    """The what-if's view of one device (see SyncTimeline)."""
+    mine = rows.filter(pl.col("dev") == device)
+    lane = mine.filter(pl.col("cls") != 1).sort("s")
+    comm = mine.filter(pl.col("cls") == 1).sort("s")
+    totals = (
+        mine.filter(pl.col("cls") == 0)
+        .group_by("name")
+        .agg(pl.len().alias("n"), (pl.col("e") - pl.col("s")).sum().alias("ns"))
+    )
+    return build_timeline(
+        lane.get_column("s").to_numpy(),
+        lane.get_column("e").to_numpy(),
+        lane.get_column("corr").fill_null(-1).to_numpy(),
+        comm.get_column("s").to_numpy(),
+        comm.get_column("e").to_numpy(),
+        comm.get_column("corr").fill_null(-1).to_numpy(),
+        comm.get_column("stream").fill_null(-1).to_numpy(),
+        [str(g) if g is not None else "" for g in comm.get_column("pg").to_list()],
+        sorted((k, s, e) for k, (s, e) in steps.items()),
+        {str(n): (c, t) for n, c, t in totals.iter_rows()},
+    )
 
 
 def _read(path: Path, rel: str, sink: Sink) -> FileResult:
@@ -522,7 +582,7 @@ def _read(path: Path, rel: str, sink: Sink) -> FileResult:
     split = _Split()
     bad_lines = [0]
     gpu: list[pl.DataFrame] = []
-    steps: set[int] = set()
+    steps: dict[int, tuple[int, int]] = {}
     try:
         with open_binary(path) as fh:
             pending: list[pl.DataFrame] = []  # parsed events, turned into compact rows in batches
@@ -541,7 +601,7 @@ def _read(path: Path, rel: str, sink: Sink) -> FileResult:
     if not split.found:
         return result
     doc = _document(split)
-    rows = pl.concat(gpu) if gpu else _gpu_rows(pl.DataFrame(schema=EVENT_SCHEMA))
+    rows = _finish_ops(pl.concat(gpu) if gpu else _gpu_rows(pl.DataFrame(schema=EVENT_SCHEMA)))
     rank = _rank(doc, rel, result)
     devices = summarise_devices(rows, rel, len(steps) or None, _origin_ns(doc, rows))
     host_match = WORKER_NAME.match(rel.rsplit("/", 1)[-1])
@@ -549,6 +609,8 @@ def _read(path: Path, rel: str, sink: Sink) -> FileResult:
     for d in devices:
         d.rank = rank if d is main else None
         d.host = host_match["host"] if host_match else None
+    if main is not None:
+        main.timeline = _timeline(rows, main.device, steps)
     if len(devices) > 1:
         others = ", ".join(str(d.device) for d in devices if d is not main)
         result.warnings.append(

@@ -16,6 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from forensics.sources.base import FileResult, FileSource, Sink
 from forensics.sources.gputrace import (
     COMMUNICATION,
@@ -27,6 +29,7 @@ from forensics.sources.gputrace import (
     DeviceTrace,
     KernelStat,
     NcclStat,
+    SyncTimeline,
     TraceFile,
     is_nccl_kernel,
     nccl_op,
@@ -169,6 +172,102 @@ FROM r LEFT JOIN StringIds s ON s.id = r.name_id WHERE n <= {top} ORDER BY dev, 
 """
 
 
+# the what-if's input (gputrace.SyncTimeline), computed in SQL: the union of compute and memory activity per device
+# (gaps and islands), and for each NCCL kernel the end of the last compute/memory activity launched before it
+_LANE_SQL = """
+WITH {nccl},
+lane(dev, s, e) AS ({lane}),
+w AS (SELECT dev, s, e, MAX(e) OVER (PARTITION BY dev ORDER BY s, e
+                                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev FROM lane),
+g AS (SELECT dev, s, e, SUM(CASE WHEN prev IS NULL OR s > prev THEN 1 ELSE 0 END)
+                        OVER (PARTITION BY dev ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS island FROM w)
+SELECT dev, MIN(s), MAX(e) FROM g GROUP BY dev, island ORDER BY dev, 2
+"""
+
+_READY_SQL = """
+WITH {nccl},
+x(dev, corr, s, e, stream, is_nccl) AS ({activity}),
+r AS (SELECT *, MAX(CASE WHEN is_nccl = 0 THEN e END) OVER (PARTITION BY dev ORDER BY corr
+                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS ready FROM x)
+SELECT dev, s, e, COALESCE(MIN(ready, s), s), stream FROM r WHERE is_nccl = 1 ORDER BY dev, s
+"""
+
+_KERNEL_TOTALS_SQL = """
+WITH {nccl}
+SELECT k.deviceId, COALESCE(s.value, CAST(k.{name_col} AS TEXT)), COUNT(*), SUM(k."end" - k.start)
+FROM {kernel} k LEFT JOIN StringIds s ON s.id = k.{name_col}
+WHERE k.{class_col} NOT IN (SELECT id FROM nccl) GROUP BY k.deviceId, k.{name_col}
+"""
+
+STEP_RANGE = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+def _timelines(
+    conn: sqlite3.Connection, schema: _Schema, nccl_sql: str, params: list[Any], class_col: str
+) -> dict[int, SyncTimeline]:
+    """Per device, the what-if's view of it; {} when the export lacks correlation ids."""
+    if not schema.has(KERNEL, "correlationId", "streamId"):
+        return {}
+    copies = [t for t in (MEMCPY, MEMSET) if schema.has(t, "deviceId", "correlationId", "streamId")]
+    lane = [f'SELECT deviceId, start, "end" FROM {KERNEL} WHERE {class_col} NOT IN (SELECT id FROM nccl)']
+    lane += [f'SELECT deviceId, start, "end" FROM {t}' for t in copies]
+    activity = [
+        f'SELECT deviceId, correlationId, start, "end", streamId, {class_col} IN (SELECT id FROM nccl) FROM {KERNEL}'
+    ]
+    activity += [f'SELECT deviceId, correlationId, start, "end", streamId, 0 FROM {t}' for t in copies]
+    lanes: dict[int, list[tuple[int, int]]] = {}
+    for dev, start, end in conn.execute(_LANE_SQL.format(nccl=nccl_sql, lane=" UNION ALL ".join(lane)), params):
+        lanes.setdefault(dev, []).append((start, end))
+    colls: dict[int, list[tuple[int, int, int, int]]] = {}
+    sql = _READY_SQL.format(nccl=nccl_sql, activity=" UNION ALL ".join(activity))
+    for dev, start, end, ready, stream in conn.execute(sql, params):
+        colls.setdefault(dev, []).append((start, end, ready, stream))
+    totals: dict[int, dict[str, tuple[int, int]]] = {}
+    name_col = schema.first(KERNEL, "demangledName", "shortName", "mangledName") or class_col
+    if "StringIds" in schema.tables:
+        sql = _KERNEL_TOTALS_SQL.format(nccl=nccl_sql, kernel=KERNEL, name_col=name_col, class_col=class_col)
+        for dev, name, count, total in conn.execute(sql, params):
+            totals.setdefault(dev, {})[(name or "")[:NAME_CAP]] = (count, total)
+    steps = _profiler_steps(conn, schema)
+    out = {}
+    for dev, intervals in lanes.items():
+        c = np.array(colls.get(dev, []), dtype=np.int64).reshape(-1, 4)
+        out[dev] = SyncTimeline(
+            lane_start=np.array([s for s, _ in intervals], dtype=np.int64),
+            lane_end=np.array([e for _, e in intervals], dtype=np.int64),
+            coll_group=[""] * len(c),  # nsys does not name the communicator: one group, in start order
+            coll_index=np.arange(len(c), dtype=np.int64),
+            coll_start=c[:, 0],
+            coll_end=c[:, 1],
+            coll_ready=c[:, 2],
+            coll_stream=c[:, 3],
+            steps=steps,
+            kernel_totals=totals.get(dev, {}),
+        )
+    return out
+
+
+def _profiler_steps(conn: sqlite3.Connection, schema: _Schema) -> list[tuple[int, int, int]]:
+    """`ProfilerStep#N` NVTX ranges (torch.profiler with NVTX on), as (N, start, end)."""
+    if not schema.has(NVTX, "start", "end", "eventType"):
+        return []
+    text = "n.text" if "text" in schema.columns(NVTX) else "NULL"
+    join, name = "", text
+    if "textId" in schema.columns(NVTX) and "StringIds" in schema.tables:
+        join, name = "LEFT JOIN StringIds s ON s.id = n.textId", f"COALESCE({text}, s.value)"
+    types = ", ".join(map(str, NVTX_RANGE_TYPES))
+    sql = (
+        f'SELECT {name}, n.start, n."end" FROM {NVTX} n {join} WHERE n.eventType IN ({types}) '
+        f"AND {name} LIKE 'ProfilerStep#%'"
+    )
+    steps = {}
+    for label, start, end in conn.execute(sql):
+        m = STEP_RANGE.match(label or "")
+        if m and end is not None and int(m[1]) not in steps:
+            steps[int(m[1])] = (start, end)
+    return sorted((n, s, e) for n, (s, e) in steps.items())
+
+
 def _wall_clock(origin_ns: int | None, offset_ns: int) -> datetime | None:
     if origin_ns is None:
         return None
@@ -218,6 +317,10 @@ def _device_traces(
     _fill_top_kernels(conn, schema, devices, nccl_sql, params, class_col)
     if nccl:
         _fill_nccl(conn, devices, nccl_sql, params, class_col, firsts)
+    for dev, timeline in _timelines(conn, schema, nccl_sql, params, class_col).items():
+        if dev in devices:
+            devices[dev].timeline = timeline
+            devices[dev].steps = len(timeline.steps) or None
     return devices
 
 
