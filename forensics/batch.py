@@ -23,8 +23,11 @@ import glob
 import hashlib
 import json
 import os
+import pickle
 import re
+import shutil
 import signal
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -410,9 +413,29 @@ def _worker_init(began_queue: Any) -> None:
     _BEGAN_QUEUE = began_queue
 
 
-def _analyse_in_worker(spec: RunSpec, settings: Settings) -> RunOutcome:
+def _analyse_in_worker(spec: RunSpec, settings: Settings, spool: str) -> str:
+    """Analyse one run and leave the outcome in a file of `spool`; only its short path goes back.
+
+    A worker killed while writing a large result into the pool's pipe leaves half a message there, and the
+    pool's manager thread then waits for the rest for ever (Ctrl-C would hang in `shutdown`). A message
+    this short is written to the pipe in one atomic write, whole or not at all.
+    """
     _BEGAN_QUEUE.put((spec.path, os.getpid()))
-    return analyse_run(spec, settings)
+    outcome = analyse_run(spec, settings)
+    fd, path = tempfile.mkstemp(dir=spool, suffix=".pickle")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(outcome, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return path
+
+
+def _collect(path: str) -> RunOutcome:
+    """The outcome a worker of this batch left in its spool folder."""
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)  # written by this batch's own worker, in a private folder
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _timeout_row(spec: RunSpec, timeout: float) -> RunOutcome:
@@ -469,13 +492,14 @@ def _pool_round(
     """
     context = get_context("spawn")  # forking a process that runs polars threads can deadlock
     queue = context.Queue()
+    spool = tempfile.mkdtemp(prefix="forensics-batch-")
     state = _Round({s.path: s for s in todo})
     again: list[RunSpec] = []
     pool = ProcessPoolExecutor(
         max_workers=min(jobs, len(todo)), mp_context=context, initializer=_worker_init, initargs=(queue,)
     )
     try:
-        futures: dict[Future[RunOutcome], RunSpec] = {pool.submit(_analyse_in_worker, s, settings): s for s in todo}
+        futures: dict[Future[str], RunSpec] = {pool.submit(_analyse_in_worker, s, settings, spool): s for s in todo}
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
@@ -484,7 +508,7 @@ def _pool_round(
                 spec = futures[future]
                 state.running.pop(spec.path, None)
                 try:
-                    outcome = future.result()
+                    outcome = _collect(future.result())
                 except BrokenProcessPool:
                     if spec.path in state.timed_out:
                         outcome = _timeout_row(spec, timeout or 0)
@@ -506,6 +530,7 @@ def _pool_round(
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         queue.close()
+        shutil.rmtree(spool, ignore_errors=True)
     return again
 
 
