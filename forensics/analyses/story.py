@@ -17,7 +17,7 @@ from forensics.analyses.collectives import judge_ranks, rank_waits
 from forensics.analyses.explain.nccl import explain_collective_mismatch
 from forensics.analyses.explain.text import join
 from forensics.analyses.ray_cluster import RayCluster, root_story
-from forensics.model import Finding
+from forensics.model import Evidence, Finding
 
 CROSS_RANK_CLASSES = ("nccl_timeout", "hang", "collective_mismatch")
 WAITING_RULES = ("nccl-watchdog-timeout", "watchdog-hang", "rendezvous-timeout")  # their rank is a waiter's
@@ -33,7 +33,8 @@ def tell(
     """Complete the root's explanation, rank, host, step and remediation order from the whole run."""
     if root.cls == "collective_mismatch" and root.rule != "collective-op-mismatch":
         reports = [e.text for f in findings if f.cls == "collective_mismatch" for e in f.evidence]
-        explain_collective_mismatch(root, reports)
+        if not explain_collective_mismatch(root, reports):
+            _transfer_ends(root, findings)
     elif root.cls in CROSS_RANK_CLASSES and root.rule != "collective-op-mismatch":
         _cross_rank(events, root)
     _adopt_rank(root, findings)
@@ -65,6 +66,52 @@ def _cross_rank(events: pl.DataFrame, root: Finding) -> None:
         ]
     root.explanation = " ".join(
         x for x in (root.explanation, verdict.explanation[:1].upper() + verdict.explanation[1:]) if x
+    )
+    if verdict.suspect is not None:
+        root.explanation = join(root.explanation, _stopped_by_torchrun(events, root))
+
+
+def _stopped_by_torchrun(events: pl.DataFrame, root: Finding) -> str:
+    """The suspect's own entry in torchrun's summary, when torchrun had to stop it (SIGTERM): it was still
+    running after the ranks that waited for it had failed. The line joins the evidence."""
+    rows = events.filter((pl.col("kind") == "torchrun_failure") & (pl.col("rank") == root.rank)).sort(["file", "line"])
+    for row in rows.iter_rows(named=True):
+        if json.loads(row["fields"] or "{}").get("signal") != "SIGTERM":
+            continue
+        if (row["file"], row["line"]) not in {(e.file, e.line) for e in root.evidence}:
+            root.evidence.append(Evidence(row["file"], row["line"], row["message"]))
+        return (
+            f"torchrun had to stop rank {root.rank} (SIGTERM in its summary) once the others had failed: it had "
+            "not failed itself."
+        )
+    return ""
+
+
+def _transfer_ends(root: Finding, findings: list[Finding]) -> None:
+    """A size mismatch of one transfer is seen by one end only: the rank that logs it posted one size and got
+    another. The rank whose call differs is that rank (it posted the odd size) or the peer at the other end
+    (it sent one), and with more than two ranks that peer is any of the ranks that lost their connection to it
+    when it aborted (failing those, any rank in the logs). Unless no other rank is in the logs, the rank that
+    saw it is where it was observed, not the culprit: name the candidates instead of guessing."""
+    seen = root.rank
+    if seen is None or root.fields.get("local_size") is None or root.fields.get("remote_size") is None:
+        return
+    others = {f.rank for f in findings if f.rank is not None and f.rank != seen}
+    if not others:
+        return
+    peers = sorted({f.rank for f in findings if f.rule == "comm-transport-error" and f.rank not in (None, seen)})
+    candidates = sorted({seen, *(peers or others)})  # without a broken connection to go by, any rank here
+    root.fields["observed_on_rank"] = seen
+    root.fields["candidate_ranks"] = candidates
+    root.rank = None
+    lost = ""
+    if peers:
+        who = f"rank {peers[0]} lost its" if len(peers) == 1 else f"ranks {peers} lost their"
+        lost = f"; {who} connection to it when it aborted"
+    root.explanation = join(
+        root.explanation,
+        f"Rank {seen} is the end that noticed{lost}. The rank whose call differs is rank {seen} itself or the peer "
+        f"that sent to it, and the logs do not say which: compare the collective's shapes on ranks {candidates}.",
     )
 
 

@@ -1,13 +1,21 @@
 """Communication faults on CPU (torch.distributed with Gloo), for fixtures of distributed-progress failures.
 
 Run under torchrun, one scenario per job (see run_gloo.sh):
-- rank_timing: every rank times its own all_reduce and prints it; rank RANK_LATE starts each timed collective
+- rank_timing: every rank times its own all_reduce and prints it; the faulty rank starts each timed collective
   late (sleeps first), so the others wait for it inside the collective: a per-rank timing table.
-- peer_killed: the last rank is killed (SIGKILL) while the others wait for it in a collective; they lose the
+- peer_killed: the faulty rank is killed (SIGKILL) while the others wait for it in a collective; they lose the
   connection to it.
-- gloo_timeout: the process group timeout is short; the last rank sleeps past it before a collective. The others
+- gloo_timeout: the process group timeout is short; the faulty rank sleeps past it before a collective. The others
   time out first; the sleeper then finds them gone.
-- size_mismatch: the ranks all_reduce tensors of different sizes.
+- hang: the faulty rank blocks for good before a collective (it never returns to it); the others hit the process
+  group timeout and exit, and torchrun then stops the hung rank.
+- size_mismatch: the ranks all_reduce tensors of different sizes (with CAPTURE_FAULTY_RANK set, only that rank's
+  tensor is larger).
+
+Env knobs: CAPTURE_FAULTY_RANK (default: the last rank) is the rank the fault hits in rank_timing, peer_killed,
+gloo_timeout, hang and size_mismatch; CAPTURE_PG_TIMEOUT (seconds) overrides the process group timeout (10 s for
+gloo_timeout and hang, 60 s otherwise); the gloo_timeout sleeper sleeps CAPTURE_SLEEP_S seconds (default twice the
+timeout; just over it, the sleeper wakes while the others are still exiting and joins the collective after them).
 """
 
 from __future__ import annotations
@@ -42,30 +50,38 @@ def timed_all_reduce(rank: int, late: int, delay_s: float) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    scenarios = ["rank_timing", "peer_killed", "gloo_timeout", "size_mismatch"]
+    scenarios = ["rank_timing", "peer_killed", "gloo_timeout", "hang", "size_mismatch"]
     ap.add_argument("--scenario", required=True, choices=scenarios)
     args = ap.parse_args()
-    timeout = timedelta(seconds=10 if args.scenario == "gloo_timeout" else 60)
-    dist.init_process_group("gloo", timeout=timeout)
+    timeout_s = float(os.environ.get("CAPTURE_PG_TIMEOUT", 10 if args.scenario in ("gloo_timeout", "hang") else 60))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
-    last = world - 1
+    faulty = int(os.environ.get("CAPTURE_FAULTY_RANK", world - 1))  # the faulty rank
     print(f"rank {rank}/{world} joined ({args.scenario})", flush=True)
     x = torch.ones(ELEMENTS)
     dist.all_reduce(x)
     if args.scenario == "rank_timing":
-        timed_all_reduce(rank, last, 0.4)
+        timed_all_reduce(rank, faulty, 0.4)
     elif args.scenario == "peer_killed":
         dist.barrier()
-        if rank == last:  # the others are already waiting in the all_reduce when it dies
+        if rank == faulty:  # the others are already waiting in the all_reduce when it dies
             time.sleep(1)
             os.kill(os.getpid(), signal.SIGKILL)
         dist.all_reduce(x)
     elif args.scenario == "gloo_timeout":
-        if rank == last:
-            time.sleep(20)
+        if rank == faulty:
+            time.sleep(float(os.environ.get("CAPTURE_SLEEP_S", 2 * timeout_s)))
+        dist.all_reduce(x)
+    elif args.scenario == "hang":
+        if rank == faulty:
+            while True:  # stuck for good (a deadlock, a wedged loader): never reaches the all_reduce
+                time.sleep(60)
         dist.all_reduce(x)
     elif args.scenario == "size_mismatch":
-        dist.all_reduce(torch.ones(ELEMENTS + 1024 * rank))
+        if "CAPTURE_FAULTY_RANK" in os.environ:  # only the faulty rank's tensor differs
+            dist.all_reduce(torch.ones(ELEMENTS + 1024 * (rank == faulty)))
+        else:
+            dist.all_reduce(torch.ones(ELEMENTS + 1024 * rank))
     dist.destroy_process_group()
 
 

@@ -3,6 +3,7 @@
 # driver.log. CPU only (Gloo), so it runs anywhere torch is installed. One folder per scenario under OUTROOT.
 #
 # usage: scripts/capture/run_gloo.sh OUTROOT SCENARIO[:NPROC]...   e.g.  rank_timing:4 gloo_timeout:2
+# CAPTURE_FAULTY_RANK and CAPTURE_PG_TIMEOUT are read by gloo_comm.py; CAPTURE_TIMEOUT (default 120 s) bounds a run.
 # Run from the repository root.
 set -u -o pipefail
 ROOT=$1; shift
@@ -18,8 +19,8 @@ for spec in "$@"; do
   rm -rf "$run"; mkdir -p "$run"
   port=$((port + 1))
   echo "=== $(date -u +%FT%TZ) scenario $name ($nproc ranks, port $port)"
-  timeout -k 10 120 $PY -m torch.distributed.run --nproc_per_node "$nproc" --master_addr 127.0.0.1 \
-      --master_port $port --tee 3 --log-dir "$run/torchrun_logs" scripts/capture/gloo_comm.py --scenario "$name" \
+  timeout -k 10 "${CAPTURE_TIMEOUT:-120}" $PY -m torch.distributed.run --nproc_per_node "$nproc" --master_addr 127.0.0.1 \
+      --master_port $port ${CAPTURE_MONITOR_INTERVAL:+--monitor-interval $CAPTURE_MONITOR_INTERVAL} --tee 3 --log-dir "$run/torchrun_logs" scripts/capture/gloo_comm.py --scenario "$name" \
       2>&1 | tee "$run/driver.log" >/dev/null
   echo "=== scenario $name exit=${PIPESTATUS[0]} size=$(du -sh "$run" | cut -f1)"
 done

@@ -41,9 +41,10 @@ FINGERPRINT = re.compile(
 LAGGING = re.compile(r"\[(?P<ranks>[\d, ]+)\] (?:are the lagging ranks|joined but didn't finish)")
 
 
-def explain_collective_mismatch(finding: Finding, texts: list[str]) -> None:
+def explain_collective_mismatch(finding: Finding, texts: list[str]) -> bool:
     """Who ran what: each rank's own fingerprint (the first one in its report; the peer's as it saw it can be
-    garbled), or the lagging ranks of a desync report. `texts` are the lines of every rank's report."""
+    garbled), or the lagging ranks of a desync report. `texts` are the lines of every rank's report. True when
+    the reports tell the ranks' calls apart (then the finding's rank is theirs to decide)."""
     calls: dict[int, str] = {}
     seq = None
     for text in texts:
@@ -65,21 +66,27 @@ def explain_collective_mismatch(finding: Finding, texts: list[str]) -> None:
         else:
             finding.rank = None
             finding.explanation += ". The report cannot tell which side deviated; look at both call sites."
-        return
+        return True
     lagging = sorted({int(r) for text in texts for m in LAGGING.finditer(text) for r in m["ranks"].split(",")})
     if lagging:
         finding.rank = lagging[0] if len(lagging) == 1 else None
         finding.fields["lagging_ranks"] = lagging
         finding.explanation = f"PyTorch's desync report names rank(s) {lagging} as the ones the others waited for."
-        return
+        return True
     explain_transfer_mismatch(finding)
+    return False
 
 
 def explain_transfer_mismatch(finding: Finding) -> None:
     """NCCL's transports see a mismatch as the two ends of one transfer disagreeing on its size."""
     local, remote = finding.fields.get("local_size"), finding.fields.get("remote_size")
     peer = finding.fields.get("peer")
-    if local is not None and remote is not None:
+    if local is not None and remote is not None and any("gloo/" in e.text for e in finding.evidence):
+        finding.explanation = (
+            f"Gloo's receiving end of one transfer got {remote} bytes where it had posted a buffer of {local}: the "
+            "ranks called collectives of different sizes (or of different types) at this point."
+        )
+    elif local is not None and remote is not None:
         who = f" (peer {peer})" if peer else ""
         finding.explanation = (
             f"The two ends of one NCCL transfer disagree on its size: this rank posted {local} bytes, the other "
