@@ -31,7 +31,8 @@ import polars as pl
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from forensics.batch import FLEET_FILE, find_runs, run_batch  # noqa: E402
+from forensics.batch import find_runs, run_batch  # noqa: E402
+from forensics.fleet import FLEET_FILE  # noqa: E402
 from forensics.pipeline import analyze  # noqa: E402
 
 DEFAULT_SOURCES = [

@@ -45,7 +45,8 @@ import polars as pl
 from forensics import __version__
 from forensics.archive import ARCHIVE_SUFFIXES
 from forensics.fingerprint import fingerprint, root_fingerprint, run_hosts
-from forensics.model import Analysis, iso, severity_rank
+from forensics.fleet import FLEET_FILE, FLEET_SCHEMA, INDEX_FILE, RUNS_DIR, BatchResult
+from forensics.model import Analysis, severity_rank
 from forensics.package_data import patterns_dir
 from forensics.pipeline import Options, analyze
 from forensics.redact import redact_tree
@@ -54,9 +55,6 @@ from forensics.report.html import render_html
 from forensics.report.json_report import format_json, to_json_dict
 from forensics.rules.loader import rule_files
 
-FLEET_FILE = "fleet.parquet"
-INDEX_FILE = "index.html"
-RUNS_DIR = "runs"
 ERROR = "error"
 ENGINES = ("local", "ray")
 NOTE_FILE = re.compile(r"(?i)^(?:readme|notes?|license|index)(?:\.\w+)?$|\.(?:md|rst|html?)$")
@@ -65,40 +63,7 @@ PART_OF_A_RUN = re.compile(
     r"(?i)^(?:\d+|(?:rank|node|worker|host|attempt|gpu)[_-]?\d+|session_.*|logs?|events|\d+\.\d+\.\d+\.\d+)$"
 )
 
-FLEET_SCHEMA: dict[str, pl.DataType] = {
-    "run": pl.String(),
-    "path": pl.String(),
-    "status": pl.String(),  # failed | degraded | healthy | inconclusive | error
-    "reason": pl.String(),  # why an inconclusive run has no verdict (model.INCONCLUSIVE_CODES)
-    "class": pl.String(),
-    "rule": pl.String(),
-    "rank": pl.Int64(),
-    "host": pl.String(),
-    "step": pl.Int64(),
-    "first_failure": pl.Datetime("us", "UTC"),
-    "started": pl.Datetime("us", "UTC"),
-    "ended": pl.Datetime("us", "UTC"),
-    "duration_s": pl.Float64(),
-    "fingerprint": pl.String(),
-    "signature": pl.String(),
-    "summary": pl.String(),
-    "error": pl.String(),
-    "confidence": pl.Float64(),
-    "findings": pl.Int64(),
-    "ranks": pl.Int64(),
-    "hosts": pl.List(pl.String()),
-    "failed_hosts": pl.List(pl.String()),
-    "files": pl.Int64(),
-    "bytes": pl.Int64(),
-    "modified": pl.Datetime("us", "UTC"),  # newest input file
-    "report_html": pl.String(),  # relative to the batch folder
-    "report_json": pl.String(),
-    "analysis_s": pl.Float64(),
-    "cache_key": pl.String(),
-}
 
-
-BATCH_SCHEMA = "forensics.batch/v1"
 POLL_S = 0.25  # how often the pool is looked at for runs that began or ran past their time
 
 
@@ -144,35 +109,6 @@ class InputState:
     bytes: int
     modified: datetime | None
     signature: str
-
-
-@dataclass
-class BatchResult:
-    fleet: pl.DataFrame
-    out: Path
-    analysed: int = 0
-    cached: int = 0
-    seconds: float = 0.0
-    new_fingerprints: set[str] = field(default_factory=set)
-    interrupted: bool = False  # Ctrl-C: the table and index hold the runs finished before it
-    total: int = 0  # runs asked for (the table may hold fewer when interrupted)
-
-    def to_json(self) -> dict[str, Any]:
-        """The batch as JSON (schema `forensics.batch/v1`): one object per fleet row, times as ISO 8601."""
-        rows = [
-            {k: (iso(v) if isinstance(v, datetime) else v) for k, v in row.items()}
-            for row in self.fleet.iter_rows(named=True)
-        ]
-        return {
-            "schema": BATCH_SCHEMA,
-            "out": str(self.out),
-            "runs": self.total,
-            "analysed": self.analysed,
-            "cached": self.cached,
-            "interrupted": self.interrupted,
-            "new_fingerprints": sorted(self.new_fingerprints),
-            "rows": rows,
-        }
 
 
 # ---------------------------------------------------------------- finding the runs

@@ -13,8 +13,9 @@ import pytest
 from click.testing import CliRunner
 from polars.testing import assert_frame_equal
 
-from forensics.batch import FLEET_FILE, INDEX_FILE, BatchError, find_runs, run_batch
+from forensics.batch import BatchError, find_runs, run_batch
 from forensics.cli import main
+from forensics.fleet import FLEET_FILE, INDEX_FILE
 from forensics.pipeline import analyze
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "diff"

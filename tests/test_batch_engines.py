@@ -9,7 +9,8 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from forensics.batch import FLEET_FILE, RunSpec, find_runs, run_batch
+from forensics.batch import RunSpec, find_runs, run_batch
+from forensics.fleet import FLEET_FILE
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "diff"
 

@@ -14,8 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 import forensics.batch
-from forensics.batch import FLEET_FILE, INDEX_FILE, find_runs, run_batch
+from forensics.batch import find_runs, run_batch
 from forensics.cli import main
+from forensics.fleet import FLEET_FILE, INDEX_FILE
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "diff"
 STUCK_HOOK = """

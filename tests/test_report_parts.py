@@ -252,7 +252,7 @@ def test_an_inconclusive_verdict_has_its_own_colour_in_the_incident_and_batch_re
     fleet = pl.DataFrame(
         [{"run": "r1", "status": "inconclusive", "summary": "no training output"}, {"run": "r2", "status": "failed"}]
     )
-    from forensics.batch import FLEET_SCHEMA
+    from forensics.fleet import FLEET_SCHEMA
 
     full = pl.DataFrame([{k: row.get(k) for k in FLEET_SCHEMA} for row in fleet.to_dicts()], schema=FLEET_SCHEMA)
     index = render_batch_html(full)

@@ -6,7 +6,7 @@ import polars as pl
 from rich.console import Console
 from rich.markup import escape
 
-from forensics.batch import INDEX_FILE, BatchResult
+from forensics.fleet import INDEX_FILE, BatchResult
 
 TOP_GROUPS = 5
 
