@@ -32,6 +32,26 @@ ISO_TS = re.compile(
 )
 MONTHDAY_TS = re.compile(r"\b(?P<mo>\d\d)-(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,](?P<frac>\d{1,9}))?")
 
+_NAMED_GROUP = re.compile(r"(?<!\\)\(\?P<\w+>")
+
+
+def rust_form(pattern: str) -> str:
+    """`pattern` without group names: Rust's engine refuses a name used twice, as alternations of these do."""
+    return _NAMED_GROUP.sub("(?:", pattern)
+
+
+def _unanchored(pattern: re.Pattern) -> str:
+    return rust_form(pattern.pattern).removeprefix("^")
+
+
+# For matching many lines at once in Rust: the prefixes `attribute` peels off, and the last torchrun rank
+# among them.
+PEELED_PREFIXES = f"^(?:{_unanchored(RAY_PREFIX)}|{_unanchored(RAY_SYSTEM_PREFIX)})?(?:{_unanchored(TORCHRUN_PREFIX)})*"
+LAST_TORCHRUN_RANK = (
+    f"^(?:{_unanchored(RAY_PREFIX)}|{_unanchored(RAY_SYSTEM_PREFIX)})?(?:{_unanchored(TORCHRUN_PREFIX)})*"
+    r"\[(?:default|rank)(\d+)\]:"
+)
+
 TORCHRUN_FILE = re.compile(r"(?:^|/)attempt_\d+/(?P<rank>\d+)/(?:stdout|stderr|error)\.(?:log|json)$")
 RAY_WORKER_FILE = re.compile(  # rotated copies too: `.1` after the name (older Ray) or after the extension
     r"(?:^|/)(?:worker|python-core-worker|python-core-driver)-[0-9a-f]+(?:-[0-9a-f]+)?[-_](?P<pid>\d+)"

@@ -1,11 +1,19 @@
-"""The text-log scanner: one vectorised pass per batch, Python only for the lines that may match.
+"""The text-log scanner: Rust finds what every pattern matches; Python reads only what it must.
 
-Per batch of lines, in native code (Hyperscan, or polars' Rust regex): one search for the literals that
-every rule regex and extractor trigger needs (see prefilter.py; a pattern without such literals is searched
-in full, in polars). The few candidate lines then go to Python, where the literals each one holds pick the
-patterns worth trying on it. The alternation of all the patterns is never run: past a few dozen patterns its
-automaton stops fitting the regex engine's cache and it slows down a thousandfold, while a literal search
-stays flat.
+Per batch of lines, in native code:
+
+1. one search for the literals that every rule regex and extractor trigger needs (prefilter.py; a pattern
+   without such literals is searched in full): the candidate lines, and the patterns worth trying on each;
+2. one polars call that tries those patterns on those lines in Rust's linear-time engine, the pairs sorted
+   by pattern so that each regex is compiled once: what matches where is known before Python sees a line;
+3. an extractor that reads a whole batch (verl's step lines) gets its lines as one column;
+4. repeats of a line (the same patterns, the same origin, the same text but for its numbers and times) are
+   grouped, and only the first of each group becomes an event, the others being counted into it: memory
+   grows with distinct events, not with lines.
+
+Python then handles the remaining lines one by one: rule values, extractor fields, prefixes and times. The
+alternation of all the patterns is never run: past a few dozen patterns its automaton stops fitting the
+regex engine's cache and it slows down a thousandfold, while a literal search stays flat.
 """
 
 from __future__ import annotations
@@ -18,43 +26,66 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import regex
+import numpy as np
+import polars as pl
 
-from forensics.line_prefixes import FileContext, attribute, file_context
+from forensics.line_prefixes import RANK_IN_MESSAGE, FileContext, attribute, file_context, rust_form
 from forensics.prefilter import Literals, literal_finder, owned_lines, required_literals, text_column
 from forensics.rules.model import USER_REGEX_TIMEOUT_S, Rule
-from forensics.sources.base import Hit, LineExtractor, LineRecord, Sink
+from forensics.sources.base import BatchLines, Hit, LineExtractor, LineRecord, Sink
 from forensics.textio import LineBatch, iter_line_batches, open_binary, prefetched, read_problem
 
-_NAMED_GROUP = re.compile(r"(?<!\\)\(\?P<\w+>")
-MAX_HITS_PER_FILE = 200_000  # a flood of matches stops being read, with a warning
+MAX_HITS_PER_FILE = 200_000  # distinct matching lines; past them a file is counted, not read, with a warning
 LOOKBACK_LINES = 64  # how far above an undated error its time is looked for (a long traceback fits)
-RULE_TIME_BUDGET_S = 10.0  # Python time one rule may spend on its candidate lines before it is switched off
+RULE_TIME_BUDGET_S = 10.0  # Python time one rule may spend on its matching lines before it is switched off
+# What tells repeats apart (see _repeat_groups): the line's prefixes (Ray actor, torchrun rank), the pid of a
+# Ray C++ log line, NCCL's host:pid, a rank named in the text; the rest is compared with its numbers masked.
+ORIGIN = r"^(?:\x1b\[[0-9;?]*[A-Za-z]|\([^()]*\)|[ \t])*(?:\[(?:default|rank)[0-9]+\]:[ \t]?)*"
+NCCL_ORIGIN = r"[^: \t]+:[0-9]+:[0-9]+ (?:\[[0-9]+\] )?.*?NCCL "
+RAY_LOG_PID = r"^\[[^\]]*? [IWEFDC] ([0-9]+) [0-9]+\]"  # Ray's C++ logs: `[ts I pid tid]`
+RANK_NAMED = rust_form(RANK_IN_MESSAGE.pattern).replace(r"\d", "[0-9]")
+NUMBERS = r"0x[0-9a-fA-F]+|[0-9]+"
+
+
+SHAPES_IN_PYTHON_MAX = 64  # fewer lines than this are keyed in Python: a polars call costs ~0.2 ms
+_SHAPE_PARTS = [
+    (re.compile(ORIGIN), 0),
+    (re.compile(RAY_LOG_PID), 1),
+    (re.compile(NCCL_ORIGIN), 0),
+    (re.compile(RANK_NAMED), 0),
+]
+_NUMBERS = re.compile(NUMBERS)
+
+
+def _shapes(batch: LineBatch, rows: list[int]) -> list[str]:
+    """What tells the lines apart once repeats are counted: origin, NCCL host:pid, rank named, masked text.
+
+    Many lines at once in Rust; a few in Python, with the same patterns (ASCII classes, which both engines
+    read alike; a line longer than MAX_LINE_CHARS may be keyed apart, and its repeats counted apart).
+    """
+    if len(rows) < SHAPES_IN_PYTHON_MAX:
+        texts = [batch.text(row) for row in rows]
+        return ["\x1f".join([*(_first(p, g, t) for p, g in _SHAPE_PARTS), _NUMBERS.sub("#", t)]) for t in texts]
+    line = pl.col("line")
+    key = pl.concat_str(
+        [
+            *(line.str.extract(p.pattern, g).fill_null("") for p, g in _SHAPE_PARTS),
+            line.str.replace_all(NUMBERS, "#"),
+        ],
+        separator="\x1f",
+    )
+    lines = batch.lines.gather(np.array(rows, dtype=np.int64)).str.strip_chars_end("\r\n")
+    return pl.DataFrame({"line": lines}).select(key).to_series().to_list()
+
+
+def _first(pattern: re.Pattern, group: int, text: str) -> str:
+    m = pattern.search(text)
+    return (m.group(group) or "") if m else ""
 
 
 def prefilter_form(pattern: str) -> str:
     """The pattern without group names, so that patterns without literals can share one alternation."""
-    return _NAMED_GROUP.sub("(?:", pattern)
-
-
-def _python_search(pattern: str) -> Callable[[str], object] | None:
-    """The pattern's search in Python (for telling hits apart); None when only Rust can read it."""
-    for compile_ in (re.compile, regex.compile):
-        try:
-            return compile_(pattern).search
-        except (re.error, regex.error, ValueError, OverflowError):
-            continue
-    return None
-
-
-def _rule_search(pattern: str) -> Callable[[str], object] | None:
-    """A rule's search in Python, with the time limit: rules may come from users (`--patterns`), and a
-    backtracking regex like `(a|aa)+$` takes forever on one long line. Raises TimeoutError."""
-    try:
-        compiled = regex.compile(pattern)
-    except (regex.error, ValueError, OverflowError):
-        return None
-    return lambda line: compiled.search(line, timeout=USER_REGEX_TIMEOUT_S)
+    return rust_form(pattern)
 
 
 @dataclass(frozen=True)
@@ -63,31 +94,34 @@ class _Pattern:
     rule: Rule | None = None
     extractor: LineExtractor | None = None
     literals: Literals | None = field(default=None, compare=False)
-    search: Callable[[str], object] | None = field(default=None, compare=False)
-
-    def matches(self, line: str) -> bool:
-        # a pattern Python cannot compile counts as matched: its handler or rule checks the line again
-        return self.search is None or self.search(line) is not None
+    folds: bool = False  # repeats of a line it matches may be counted into one event
 
 
-def _pattern(source: str, rule: Rule | None = None, extractor: LineExtractor | None = None) -> _Pattern:
-    search = _rule_search(source) if rule is not None else _python_search(source)
-    return _Pattern(prefilter_form(source), rule, extractor, required_literals(source), search)
+def _rule_pattern(rule: Rule, index: int) -> _Pattern:
+    """A rule clause's regex; a clause that reads other lines (followed_by, extract_window) never folds."""
+    clause = rule.match[index]
+    folds = clause.followed_by is None and not rule.extract_window
+    return _Pattern(prefilter_form(clause.regex), rule, None, required_literals(clause.regex), folds)
+
+
+def _extractor_pattern(extractor: LineExtractor) -> _Pattern:
+    literals = required_literals(extractor.trigger)
+    return _Pattern(prefilter_form(extractor.trigger), None, extractor, literals, extractor.folds)
 
 
 class TextScanner:
     """Scans text logs with the rules and the line extractors of every source module."""
 
     def __init__(self, rules: list[Rule], extractors: list[LineExtractor]):
-        patterns: list[_Pattern] = [_pattern(e.trigger, extractor=e) for e in extractors]
+        patterns: list[_Pattern] = [_extractor_pattern(e) for e in extractors]
         for rule in rules:
-            patterns.extend(_pattern(c.regex, rule=rule) for c in rule.match)
+            patterns.extend(_rule_pattern(rule, i) for i in range(len(rule.match)))
         self.patterns = patterns
         self.rules = rules
         keys = {(s, p.literals.icase) for p in patterns if p.literals is not None for s in p.literals.strings}
         self.finder = literal_finder(keys)
         # literal -> indexes of the patterns that need it; patterns without literals are tried on every line
-        # their alternation matches, and on every candidate
+        # their alternation matches
         needed_by: dict[tuple[str, bool], list[int]] = {}
         for i, p in enumerate(patterns):
             for s in p.literals.strings if p.literals else ():
@@ -95,6 +129,8 @@ class TextScanner:
         self._patterns_of = [needed_by[key] for key in self.finder.literals]
         self._always = [i for i, p in enumerate(patterns) if p.literals is None]
         self.unfiltered = "(?m)" + "|".join(f"(?:{patterns[i].rust})" for i in self._always) if self._always else None
+        self._regexes = pl.Series("regex", [f"(?m){p.rust}" for p in patterns], dtype=pl.String)
+        self._reads_batches = [p.extractor is not None and p.extractor.handle_batch is not None for p in patterns]
         self._rule_seconds: dict[str, float] = {}
         self.disabled: dict[str, tuple[str, str]] = {}  # rule id -> (file that tripped it, warning)
 
@@ -107,17 +143,18 @@ class TextScanner:
         fctx = _with_year(file_context(rel), path)
         warnings: list[str] = []
         lines = 0
-        hits = 0
+        file = _FileScan(rel, fctx, sink)
         try:
             with open_binary(path) as stream:
                 batches = iter_line_batches(stream)
                 for batch in prefetched(batches) if read_ahead else batches:
                     lines = batch.first_line + len(batch.lines) - 1
-                    if hits < MAX_HITS_PER_FILE:
-                        hits += self._scan_batch(batch, rel, fctx, sink)
-                        if hits >= MAX_HITS_PER_FILE:
+                    if file.handled < MAX_HITS_PER_FILE:
+                        self._scan_batch(batch, file)
+                        if file.handled >= MAX_HITS_PER_FILE:
                             warnings.append(
-                                f"{rel}: over {MAX_HITS_PER_FILE} matching lines; the rest were counted, not read"
+                                f"{rel}: over {MAX_HITS_PER_FILE} distinct matching lines; the rest were counted, "
+                                "not read"
                             )
                 problem = read_problem(stream)
                 if problem:
@@ -127,21 +164,27 @@ class TextScanner:
         warnings.extend(message for owner, message in self.disabled.values() if owner == rel)
         return lines, warnings
 
-    def hits(self, batch: LineBatch, rel: str = "") -> Iterator[tuple[int, str, list[_Pattern]]]:
+    def hits(self, batch: LineBatch) -> Iterator[tuple[int, str, list[_Pattern]]]:
         """(index into batch.lines, text, matching patterns) of each owned line that some pattern matches."""
+        for row, found in self.matches(batch):
+            yield row, batch.text(row), [self.patterns[i] for i in found]
+
+    def matches(self, batch: LineBatch) -> list[tuple[int, list[int]]]:
+        """(index into batch.lines, indexes of the patterns that match it) of each owned line some pattern
+        matches, in line order; every match decided in Rust."""
         if batch.own_end <= batch.own_start:
-            return
-        held = self.finder.lines_holding(batch)
-        if self.unfiltered is not None:
-            rows = owned_lines(batch).str.contains(self.unfiltered).arg_true() + batch.own_start
-            for row in rows.to_list():
-                held.setdefault(row, [])
-        for pos in sorted(held):
-            text = batch.text(pos)
-            tried = set(self._always).union(*(self._patterns_of[literal] for literal in held[pos]))
-            patterns = self._matching(text, tried, (rel, batch.line_number(pos)))
-            if patterns:
-                yield pos, text, patterns
+            return []
+        rows, tried = self._candidates(batch)
+        if not len(rows):
+            return []
+        order = np.lexsort((rows, tried))  # by pattern, so that each regex is compiled once
+        rows, tried = rows[order], tried[order]
+        pairs = pl.DataFrame({"line": batch.lines.gather(rows), "regex": self._regexes.gather(tried)})
+        matched = pairs.select(pl.col("line").str.contains(pl.col("regex"))).to_series().to_numpy()
+        found: dict[int, list[int]] = {}
+        for row, pattern in zip(rows[matched].tolist(), tried[matched].tolist(), strict=True):
+            found.setdefault(row, []).append(pattern)
+        return sorted(found.items())
 
     def may_match(self, texts: list[bytes]) -> list[bool]:
         """For each whole text, whether any pattern may match a line of it (False: none can).
@@ -154,33 +197,125 @@ class TextScanner:
         unfiltered = text_column(texts).str.contains(self.unfiltered).to_list()
         return [a or b for a, b in zip(found, unfiltered, strict=True)]
 
-    def _matching(self, line: str, tried: set[int], where: tuple[str, int]) -> list[_Pattern]:
-        """The patterns among `tried` that match the line; `where` (file, line) names the line in the
-        warning when a rule's regex times out on it and is switched off."""
-        return [self.patterns[i] for i in sorted(tried) if self._try(self.patterns[i], line, where)]
+    def _candidates(self, batch: LineBatch) -> tuple[np.ndarray, np.ndarray]:
+        """(row, pattern) pairs worth trying: the patterns whose literals each line holds, the patterns
+        without literals on the lines their alternation matches; never a rule that was switched off."""
+        held = self.finder.lines_holding(batch)
+        unfiltered: set[int] = set()
+        if self.unfiltered is not None:
+            rows = owned_lines(batch).str.contains(self.unfiltered).arg_true() + batch.own_start
+            unfiltered = set(rows.to_list())
+        off = {i for i, p in enumerate(self.patterns) if p.rule is not None and p.rule.id in self.disabled}
+        rows_out: list[int] = []
+        tried_out: list[int] = []
+        for row in sorted(held.keys() | unfiltered):
+            tried = set().union(*(self._patterns_of[literal] for literal in held.get(row, ())))
+            if row in unfiltered:
+                tried.update(self._always)
+            tried -= off
+            rows_out.extend([row] * len(tried))
+            tried_out.extend(tried)
+        return np.array(rows_out, dtype=np.int64), np.array(tried_out, dtype=np.int64)
 
-    def _try(self, pattern: _Pattern, line: str, where: tuple[str, int]) -> bool:
-        if pattern.rule is None:
-            return pattern.matches(line)
-        if pattern.rule.id in self.disabled:
-            return False
-        try:
-            return self._within_budget(pattern.rule, where, lambda: pattern.matches(line))
-        except TimeoutError:
-            self._disable(pattern.rule, where, f"its regex timed out (over {USER_REGEX_TIMEOUT_S:g} s) on")
-            return False
+    def _scan_batch(self, batch: LineBatch, file: _FileScan) -> None:
+        """Hand the batch's matching lines over: whole columns to batch extractors, repeats to one event each,
+        the rest line by line, in line order (undated lines borrow the time of an earlier one)."""
+        one_by_one: list[tuple[int, list[int], str | None, _Preset | None]] = []
+        by_extractor: dict[int, list[tuple[int, list[int]]]] = {}
+        repeatable: list[tuple[int, list[int]]] = []
+        for row, found in self.matches(batch):
+            reader = next((i for i in found if self._reads_batches[i]), None)
+            if reader is not None:
+                by_extractor.setdefault(reader, []).append((row, found))
+            elif all(self.patterns[i].folds for i in found):
+                repeatable.append((row, found))
+            else:
+                one_by_one.append((row, found, None, None))
+        for index, rows in by_extractor.items():
+            one_by_one.extend(self._read_in_bulk(batch, file, index, rows))
+        lasts: list[tuple[int, str]] = []
+        for first, found, key, count, last in self._repeat_groups(batch, repeatable):
+            if key in file.silent:
+                continue
+            if file.sink.knows_repeat(key):
+                file.pending[key] = count
+            else:
+                one_by_one.append((first, found, key, None))
+                file.pending[key] = count - 1
+            if file.pending[key]:
+                lasts.append((last, key))
+        earlier = _EarlierTimestamps(batch, file.fctx)
+        for row, found, key, preset in sorted(one_by_one, key=lambda item: item[0]):
+            if file.handled >= MAX_HITS_PER_FILE:
+                break
+            file.handled += 1
+            text = batch.text(row)
+            hit = Hit(file.rel, batch.line_number(row), text, attribute(text, file.fctx), batch, row, file.fctx)
+            patterns = [self.patterns[i] for i in found]
+            if not self._handle(hit, patterns, file.sink, earlier, key, preset) and key:
+                file.silent.add(key)
+        for row, key in lasts:
+            self._count_repeats(batch, row, key, file)
 
-    def _scan_batch(self, batch: LineBatch, rel: str, fctx: FileContext, sink: Sink) -> int:
-        found = 0
-        earlier = _EarlierTimestamps(batch, fctx)
-        for pos, text, patterns in self.hits(batch, rel):
-            found += 1
-            hit = Hit(rel, batch.line_number(pos), text, attribute(text, fctx), batch, pos, fctx)
-            self._handle(hit, patterns, sink, earlier)
-        return found
+    def _read_in_bulk(
+        self, batch: LineBatch, file: _FileScan, index: int, rows: list[tuple[int, list[int]]]
+    ) -> list[tuple[int, list[int], None, _Preset | None]]:
+        """Give an extractor its lines as a column; returns the lines left to read one by one: those it did
+        not read (with all their patterns), those it read that other patterns matched too (with those)."""
+        extractor = self.patterns[index].extractor
+        assert extractor is not None and extractor.handle_batch is not None
+        shared = np.array([row for row, found in rows if len(found) > 1], dtype=np.int64)
+        found = BatchLines(file.rel, batch, np.array([row for row, _ in rows], dtype=np.int64), file.fctx, shared)
+        read = extractor.handle_batch(found, file.sink)
+        left = set(read.left.tolist())
+        out: list[tuple[int, list[int], None, _Preset | None]] = []
+        for row, patterns in rows:
+            if row in left:
+                out.append((row, patterns, None, None))
+            elif len(patterns) > 1:
+                others = [i for i in patterns if i != index]
+                out.append((row, others, None, _Preset(extractor, read.fields.get(row, {}))))
+        return out
 
-    def _handle(self, hit: Hit, patterns: list[_Pattern], sink: Sink, earlier: _EarlierTimestamps) -> None:
+    def _repeat_groups(
+        self, batch: LineBatch, lines: list[tuple[int, list[int]]]
+    ) -> list[tuple[int, list[int], str, int, int]]:
+        """(first row, patterns, key, lines, last row) of each group of repeats among `lines`, in line order.
+
+        The key holds what the line's event depends on: the patterns it matched, who printed it (Ray and
+        torchrun prefixes, NCCL's host:pid, a rank named in the text) and its text with every number masked.
+        """
+        groups: dict[str, list] = {}
+        for (row, found), shape in zip(lines, _shapes(batch, [row for row, _ in lines]), strict=True):
+            key = f"{found}\x1f{shape}"
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [row, found, key, 1, row]
+            else:
+                group[3] += 1
+                group[4] = row
+        return [tuple(group) for group in groups.values()]  # type: ignore[misc]
+
+    def _count_repeats(self, batch: LineBatch, row: int, key: str, file: _FileScan) -> None:
+        """The repeats of an event in this batch, the last of them at `row` (its own time, when it has one)."""
+        count = file.pending.pop(key, 0)
+        if file.sink.knows_repeat(key):  # else the first line made no event: nothing to count into
+            file.sink.repeat(key, count, batch.line_number(row), attribute(batch.text(row), file.fctx).ts)
+
+    def _handle(
+        self,
+        hit: Hit,
+        patterns: list[_Pattern],
+        sink: Sink,
+        earlier: _EarlierTimestamps,
+        key: str | None = None,
+        preset: _Preset | None = None,
+    ) -> bool:
+        """Read one matching line into the sink; returns whether it became an event."""
         rec = LineRecord(hit)
+        if preset is not None:  # a batch extractor read the line already: what its event says of it
+            rec.kind, rec.source, rec.notable = preset.extractor.name, preset.extractor.source, False
+            rec.fields.update(preset.fields)
         seen_rules: set[str] = set()
         for pattern in patterns:
             if pattern.extractor is not None:
@@ -199,7 +334,9 @@ class TextScanner:
             hit.ctx.ts = earlier.before(hit.index)
             rec.ts_inferred = hit.ctx.ts is not None
         if rec.rules or (rec.kind and rec.notable):
-            sink.record(rec)
+            sink.record(rec, repeat_key=key)
+            return True
+        return False
 
     def _within_budget(self, rule: Rule, where: tuple[str, int], work: Callable[[], object]) -> object:
         """Run a rule's Python regex work, switching the rule off once it has used RULE_TIME_BUDGET_S.
@@ -238,6 +375,26 @@ class TextScanner:
         window = [body, *rec.hit.following(rule.extract_window)] if rule.extract_window else [body]
         for key, value in rule.extract_fields(window).items():
             rec.fields.setdefault(key, value)
+
+
+@dataclass(frozen=True)
+class _Preset:
+    """A line a batch extractor read, that a rule matched too: the event's kind and fields it gave."""
+
+    extractor: LineExtractor
+    fields: dict
+
+
+@dataclass
+class _FileScan:
+    """What the scan of one file carries from batch to batch."""
+
+    rel: str
+    fctx: FileContext
+    sink: Sink
+    handled: int = 0  # lines handed to Python (repeats counted into an event are not)
+    silent: set[str] = field(default_factory=set)  # repeat keys whose first line made no event
+    pending: dict[str, int] = field(default_factory=dict)  # repeats of this batch not yet counted
 
 
 class _EarlierTimestamps:

@@ -104,7 +104,7 @@ def build_findings(events: pl.DataFrame, rules: dict[str, Rule], file_order: dic
             finding = grouped.get(key)
             if finding is None:
                 finding = grouped[key] = _new_finding(rule, occ)
-            finding.count += 1
+            finding.count += occ.fields.get("repeats", {}).get("count", 1)  # lines the scanner counted into it
             if len(finding.evidence) < MAX_EVIDENCE:
                 finding.evidence.append(Evidence(occ.row["file"], occ.row["line"], occ.row["message"]))
             for k, v in occ.fields.items():

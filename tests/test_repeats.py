@@ -1,0 +1,65 @@
+"""Repeats of a line are counted into one event: memory grows with distinct events, not with lines."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import polars as pl
+import pytest
+
+from forensics import scan as scan_module
+from forensics.pipeline import analyze
+from forensics.textio import iter_line_batches
+
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.42 GiB. GPU 1 has a total capacity of 79.19 GiB"
+
+
+def _spill(i: int, pid: int) -> str:
+    return (
+        f"[2025-10-16 02:{i // 60 % 60:02d}:{i % 60:02d},{i % 1000:03d} I {pid} {pid + 7}] (raylet) "
+        f"local_object_manager.cc:245: :info_message:Spilled {100 + i % 900} MiB, {1 + i % 9} objects, "
+        f"write throughput {50 + i % 400} MiB/s."
+    )
+
+
+@pytest.fixture
+def flooded(tmp_path):
+    """2,000 spill lines of one raylet, 3 of another, a CUDA OOM between them."""
+    lines = [_spill(i, 4242) for i in range(1000)] + [_spill(5, 777), OOM]  # pid 777: another raylet
+    lines += [_spill(i, 4242) for i in range(1000, 2000)] + [_spill(6, 777), _spill(7, 777)]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "raylet.out").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def _spill_events(a) -> list[dict]:
+    events = a.events.filter(pl.col("fields").str.contains('"ray-object-spilling"', literal=True))
+    return [{"line": row["line"], **json.loads(row["fields"])} for row in events.iter_rows(named=True)]
+
+
+@pytest.mark.parametrize("chunk", [None, 4096])
+def test_repeats_become_one_event_per_origin_with_their_count_and_last_line(flooded, monkeypatch, chunk):
+    if chunk:  # many batches: repeats are counted across them
+        monkeypatch.setattr(scan_module, "iter_line_batches", functools.partial(iter_line_batches, chunk_bytes=chunk))
+    a = analyze([flooded])
+    events = _spill_events(a)
+    assert [(e["line"], e["repeats"]["count"], e["repeats"]["last_line"]) for e in events] == [
+        (1, 2000, 2002),
+        (1001, 3, 2004),
+    ]
+    assert events[0]["repeats"]["last_ts"] == "2025-10-16 02:33:19.999000+00:00".replace(" ", "T")
+    assert (events[0]["spilled_mib"], events[0]["spilled_objects"]) == ("100", "1")  # the first line's values
+    spills = [f for f in a.findings if f.rule == "ray-object-spilling"]
+    assert sum(f.count for f in spills) == 2003
+    assert a.verdict.root_cause.rule == "cuda-oom"
+
+
+def test_lines_that_differ_in_more_than_numbers_stay_apart(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [_spill(1, 42), _spill(2, 42).replace("MiB/s.", "MiB/s (to s3://bucket)."), _spill(3, 42), OOM]
+    (run / "raylet.out").write_text("\n".join(lines) + "\n")
+    events = _spill_events(analyze([run]))
+    assert [(e["line"], e.get("repeats", {}).get("count", 1)) for e in events] == [(1, 2), (2, 1)]
