@@ -28,6 +28,7 @@ from forensics.report.json_report import format_json, to_json_dict
 from forensics.report.markdown import render_markdown
 from forensics.report.terminal import print_summary
 from forensics.rules import RuleLoadError, load_rules
+from forensics.rules.lint import slow_regexes
 
 SEVERITY_CHOICES = click.Choice(["info", "warning", "error", "critical"])
 
@@ -309,8 +310,11 @@ def patterns_show(rule_id: str, extra: tuple[Path, ...]) -> None:
 @patterns_group.command("lint")
 @click.argument("dirs", nargs=-1, type=click.Path(exists=True, file_okay=False, path_type=Path))
 def patterns_lint(dirs: tuple[Path, ...]) -> None:
-    """Report every problem in the rules at once (the bundled ones when no DIR is given)."""
-    _, errors = load_rules(list(dirs) or [patterns_dir()], collect=True)
+    """Report every problem in the rules at once (the bundled ones when no DIR is given), regexes too slow
+    on long lines included."""
+    roots = list(dirs) or [patterns_dir()]
+    rules, errors = load_rules(roots, collect=True)
+    errors += slow_regexes(rules, roots)
     for error in errors:
         click.echo(str(error))
     if errors:

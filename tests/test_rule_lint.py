@@ -1,0 +1,57 @@
+"""`patterns lint` times each rule regex on hostile long lines; these tests check what it builds and decides
+on regexes far from the line (catastrophic or trivially linear), never a duration."""
+
+from __future__ import annotations
+
+import textwrap
+
+from click.testing import CliRunner
+
+from forensics.cli import main
+from forensics.rules.lint import LINE_CHARS, hostile_lines, judge
+
+
+def test_hostile_lines_run_each_repeat_after_what_leads_to_it():
+    lines = {line.kind: line.text for line in hostile_lines(r"NCCL WARN .*Failed to CUDA (?:calloc|malloc)")}
+    assert all(len(text) == LINE_CHARS for text in lines.values())
+    assert lines["'x' repeated after 'NCCL WARN '"].startswith("NCCL WARN xxxx")
+    assert lines["'NCCL WARN x' repeated"].startswith("NCCL WARN xNCCL WARN x")
+    assert "a long verl step line ending in a NaN loss" in lines
+    assert lines["'Failed to CUDA calloc' repeated"].count("Failed to CUDA calloc") > 3000  # a literal it needs
+
+
+def test_a_negated_class_runs_a_character_it_accepts():
+    lines = {line.kind: line.text for line in hostile_lines(r"Xid \((?P<pci>[^)]*)\): 13,")}
+    assert lines["'x' repeated after 'Xid ('"].startswith("Xid (xxx")
+
+
+def test_quadratic_and_catastrophic_regexes_are_slow_and_a_literal_is_not():
+    assert "took" in judge(r"NCCL WARN .*Failed to CUDA", hostile_lines(r"NCCL WARN .*Failed to CUDA"))
+    assert "took" in judge(r"(a|aa)+$", hostile_lines(r"(a|aa)+$"))
+    assert judge(r"NCCL WARN Cuda failure", hostile_lines(r"NCCL WARN Cuda failure")) is None
+
+
+def test_lint_reports_a_slow_user_regex_with_its_file_line_and_rule(tmp_path):
+    area = tmp_path / "ours" / "site"
+    area.mkdir(parents=True)
+    (area / "slow-warn.yaml").write_text(
+        textwrap.dedent(
+            """\
+            id: slow-warn
+            title: t
+            class: nccl_error
+            severity: warning
+            layer: infrastructure
+            description: d
+            match:
+              - regex: 'NCCL WARN .*Failed to CUDA malloc'
+            examples:
+              match: ['NCCL WARN x Failed to CUDA malloc']
+              no_match: ['all is well']
+            """
+        )
+    )
+    result = CliRunner().invoke(main, ["patterns", "lint", str(tmp_path / "ours")])
+    assert result.exit_code == 1
+    assert "site/slow-warn.yaml:8: match: regex 'NCCL WARN .*Failed to CUDA malloc' took" in result.output
+    assert "(rule slow-warn)" in result.output
