@@ -83,6 +83,9 @@ def _first(pattern: re.Pattern, group: int, text: str) -> str:
     return (m.group(group) or "") if m else ""
 
 
+_ANY_LINE = re.compile("")
+
+
 def prefilter_form(pattern: str) -> str:
     """The pattern without group names, so that patterns without literals can share one alternation."""
     return rust_form(pattern)
@@ -94,19 +97,20 @@ class _Pattern:
     rule: Rule | None = None
     extractor: LineExtractor | None = None
     literals: Literals | None = field(default=None, compare=False)
-    folds: bool = False  # repeats of a line it matches may be counted into one event
+    folds: re.Pattern | None = None  # lines whose repeats may be counted into one event (see LineExtractor)
 
 
 def _rule_pattern(rule: Rule, index: int) -> _Pattern:
     """A rule clause's regex; a clause that reads other lines (followed_by, extract_window) never folds."""
     clause = rule.match[index]
-    folds = clause.followed_by is None and not rule.extract_window
+    folds = _ANY_LINE if clause.followed_by is None and not rule.extract_window else None
     return _Pattern(prefilter_form(clause.regex), rule, None, required_literals(clause.regex), folds)
 
 
 def _extractor_pattern(extractor: LineExtractor) -> _Pattern:
     literals = required_literals(extractor.trigger)
-    return _Pattern(prefilter_form(extractor.trigger), None, extractor, literals, extractor.folds)
+    folds = re.compile(extractor.folds) if extractor.folds is not None else None
+    return _Pattern(prefilter_form(extractor.trigger), None, extractor, literals, folds)
 
 
 class TextScanner:
@@ -227,7 +231,7 @@ class TextScanner:
             reader = next((i for i in found if self._reads_batches[i]), None)
             if reader is not None:
                 by_extractor.setdefault(reader, []).append((row, found))
-            elif all(self.patterns[i].folds for i in found):
+            elif self._repeats_fold(batch, row, found):
                 repeatable.append((row, found))
             else:
                 one_by_one.append((row, found, None, None))
@@ -256,6 +260,14 @@ class TextScanner:
                 file.silent.add(key)
         for row, key in lasts:
             self._count_repeats(batch, row, key, file)
+
+    def _repeats_fold(self, batch: LineBatch, row: int, found: list[int]) -> bool:
+        """Whether every pattern the line matched lets its repeats be counted into one event."""
+        conditions = [self.patterns[i].folds for i in found]
+        if any(c is None for c in conditions):
+            return False
+        text = batch.text(row) if any(c.pattern for c in conditions) else ""  # type: ignore[union-attr]
+        return all(c.match(text) for c in conditions)  # type: ignore[union-attr]
 
     def _read_in_bulk(
         self, batch: LineBatch, file: _FileScan, index: int, rows: list[tuple[int, list[int]]]

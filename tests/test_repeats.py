@@ -63,3 +63,26 @@ def test_lines_that_differ_in_more_than_numbers_stay_apart(tmp_path):
     (run / "raylet.out").write_text("\n".join(lines) + "\n")
     events = _spill_events(analyze([run]))
     assert [(e["line"], e.get("repeats", {}).get("count", 1)) for e in events] == [(1, 2), (2, 1)]
+
+
+def test_a_workers_exception_flood_folds_but_a_drivers_chains_keep_their_tasks(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    flood = [
+        f"(WorkerDict pid=9, ip=10.0.0.9) ConnectionResetError: [Errno 104] Connection reset by peer (attempt {i})"
+        for i in range(500)
+    ]
+    chain = [
+        "ray.exceptions.RayTaskError(OutOfMemoryError): ray::WorkerDict.actor_rollout_update_actor() "
+        "(pid={pid}, ip=10.0.0.{pid}, actor_id=81d55abbf97898da3aaf337e01000000, repr=<WorkerDict object>)",
+        '  File "/opt/verl/verl/workers/fsdp_workers.py", line 810, in update_actor',
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB",
+    ]
+    lines = flood + [x.format(pid=101) for x in chain] + [x.format(pid=202) for x in chain]
+    (run / "driver.log").write_text("\n".join(lines) + "\n")
+    events = analyze([run]).events.filter(pl.col("kind") == "exception")
+    fields = [json.loads(f) for f in events["fields"].to_list()]
+    reset = [f for f in fields if f["exception"] == "ConnectionResetError"]
+    assert [f["repeats"]["count"] for f in reset] == [500]
+    oom = [f for f in fields if f["exception"] == "OutOfMemoryError"]
+    assert [f.get("task_pid") for f in oom] == [101, 202]

@@ -347,8 +347,9 @@ class LineExtractor:
     `handle` receives the line's record and may set its kind and fields, and add series samples.
     `handle_batch`, when given, receives at once all the lines of a batch that match this extractor, to read
     them in native code; `handle` reads the rows it leaves, one by one, and rules still read the others.
-    `folds`: the handler's event depends on nothing that changes between repeats of one message (numbers,
-    times, neighbouring lines), so repeats of a line may be counted into the first one's event.
+    `folds`: a regex (Python, matched at the line's start; "" for any line) for the lines whose event
+    depends on nothing that changes between repeats of one message (numbers, times, neighbouring lines):
+    repeats of such a line are counted into the first one's event. None: every line is read.
     """
 
     name: str
@@ -356,7 +357,7 @@ class LineExtractor:
     trigger: str
     handle: Callable[[LineRecord, Sink], None]
     handle_batch: Callable[[BatchLines, Sink], BatchRead] | None = None
-    folds: bool = False
+    folds: str | None = None
 
 
 @dataclass

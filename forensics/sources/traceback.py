@@ -55,4 +55,4 @@ def _handle_exception(rec: LineRecord, sink: Sink) -> None:
         rec.fields["raised_at"] = frame
 
 
-EXTRACTORS = [LineExtractor("exception", SOURCE, TRIGGER, _handle_exception, folds=True)]  # raised_at: the first's
+EXTRACTORS = [LineExtractor("exception", SOURCE, TRIGGER, _handle_exception, folds="")]  # raised_at: the first's
