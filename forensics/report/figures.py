@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
@@ -34,6 +35,22 @@ CLASS_COLOURS = {
     "training_instability": "#17becf",
 }
 _LAYOUT = {"template": {}, "height": 320, "margin": {"l": 60, "r": 20, "t": 40, "b": 40}}
+MAX_PLOTTED_STEPS = 2000  # points of one step curve in the page (wider than the plot is)
+
+
+def plotted_steps(steps: np.ndarray, values: np.ndarray, points: int = MAX_PLOTTED_STEPS) -> np.ndarray:
+    """Indexes of the steps to plot: all of them up to `points`, else the lowest and the highest value of
+    each of points/2 runs of steps (a spike stays in view; a curve of 20,000 steps is not 20,000 points
+    in the page), and every non-finite one."""
+    if len(steps) <= points:
+        return np.arange(len(steps))
+    finite = np.isfinite(values)
+    kept = [np.flatnonzero(~finite)]
+    for run in np.array_split(np.arange(len(steps)), points // 2):
+        ok = run[finite[run]]
+        if len(ok):
+            kept.append(ok[[np.argmin(values[ok]), np.argmax(values[ok])]])
+    return np.unique(np.concatenate(kept))
 
 
 def _by_step(series: pl.DataFrame, metrics: tuple[str, ...]) -> pl.DataFrame:
@@ -64,11 +81,13 @@ def _step_figure(
     )
     for i, metric in enumerate(shown):
         part = data.filter(pl.col("metric") == metric)
+        steps, values = part["step"].to_numpy(), part["value"].to_numpy()
+        shown_at = plotted_steps(steps, values)
         row, col = divmod(i, columns)
         fig.add_trace(
             go.Scatter(
-                x=part["step"].to_list(),
-                y=part["value"].to_list(),
+                x=steps[shown_at].tolist(),
+                y=values[shown_at].tolist(),
                 mode="lines+markers",
                 name=metric,
                 marker={"size": 4},
