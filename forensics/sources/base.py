@@ -242,10 +242,11 @@ class Sink:
 
     @staticmethod
     def merge(sinks: list[Sink]) -> tuple[pl.DataFrame, pl.DataFrame]:
-        """The events and series of many sinks, in order, each table built in one conversion."""
+        """The events and series of many sinks, in order, each table built in one conversion; the sinks'
+        samples taken in bulk move into the series (they are not kept twice)."""
         events = _frame([row for sink in sinks for row in sink._event_rows()], EVENT_SCHEMA)
         series = {k: [v for sink in sinks for v in sink._series[k]] for k in SERIES_SCHEMA}
-        return events, _with_blocks(_frame(series, SERIES_SCHEMA), sinks)
+        return events, _with_blocks(_frame(series, SERIES_SCHEMA), sinks, consume=True)
 
     def series(self) -> pl.DataFrame:
         return _with_blocks(_frame(self._series, SERIES_SCHEMA), [self])
@@ -281,41 +282,53 @@ def _last_of_each(lines: np.ndarray, codes: np.ndarray) -> np.ndarray | None:
     return keep
 
 
-def _with_blocks(series: pl.DataFrame, sinks: list[Sink]) -> pl.DataFrame:
-    """The series with the samples the sinks took in bulk, their metric names shared, not copied per row.
+def _with_blocks(series: pl.DataFrame, sinks: list[Sink], consume: bool = False) -> pl.DataFrame:
+    """The series with the samples the sinks took in bulk, built a column at a time (with `consume`, each
+    sink's blocks are let go as soon as a column holds them: they are not kept twice at the peak).
 
-    A name column gathered from one table of distinct names holds 16 bytes a row (a view into that table);
-    one built row by row would hold each name again.
+    The metric column is gathered from one table of distinct names: 16 bytes a row, each a view into that
+    table (built row by row, each row would hold its name again). A column with one value in all the bulk
+    samples (no time; one source; one rank or none) stays one value, when no other sample joins it.
     """
-    names: dict[str, int] = {}
-    parts = [series]
-    for sink in sinks:
-        if not sink._blocks:
-            continue
-        to_global = np.array([names.setdefault(n, len(names)) for n in sink._metric_codes], dtype=np.uint32)
-        for block in sink._blocks:
-            parts.append(_block_frame(block, to_global))
-    if len(parts) == 1:
+    blocks = [(sink, block) for sink in sinks for block in sink._blocks]
+    if not blocks:
         return series
-    table = pl.Series("metric", list(names), dtype=pl.String)
-    frame = pl.concat(parts[1:], rechunk=True)
-    frame = frame.with_columns(metric=table.gather(frame["metric"])).select(list(SERIES_SCHEMA))
+    if consume:
+        for sink in sinks:
+            sink._blocks = []
+    names: dict[str, int] = {}
+    to_global = {
+        id(sink): np.array([names.setdefault(n, len(names)) for n in sink._metric_codes], dtype=np.uint32)
+        for sink in sinks
+    }
+    codes = np.concatenate([to_global[id(sink)][block.codes] for sink, block in blocks])
+    metric = pl.Series("metric", list(names), dtype=pl.String).gather(codes)
+    del codes
+    rank, source = _one_column([b for _, b in blocks]), _sources(blocks)
+    step = pl.concat([block.step for _, block in blocks]).cast(pl.Int64)
+    value = pl.concat([block.value for _, block in blocks]).cast(pl.Float64)
+    del blocks
+    frame = pl.DataFrame({"step": step, "metric": metric, "value": value})
+    del step, metric, value
+    frame = frame.with_columns(ts=pl.lit(None, SERIES_SCHEMA["ts"]), rank=rank, source=source)
+    frame = frame.select(list(SERIES_SCHEMA))
     return pl.concat([series, frame]) if series.height else frame
 
 
-def _block_frame(block: _SampleBlock, to_global: np.ndarray) -> pl.DataFrame:
-    n = len(block.codes)
-    rank = block.rank if isinstance(block.rank, pl.Series) else pl.repeat(block.rank, n, dtype=pl.Int64, eager=True)
-    return pl.DataFrame(
-        {
-            "ts": pl.repeat(None, n, dtype=SERIES_SCHEMA["ts"], eager=True),
-            "step": block.step.cast(pl.Int64),
-            "rank": rank.cast(pl.Int64),
-            "source": pl.repeat(block.source, n, dtype=pl.String, eager=True),
-            "metric": pl.Series(to_global[block.codes], dtype=pl.UInt32),
-            "value": block.value.cast(pl.Float64),
-        }
-    )
+def _one_column(blocks: list[_SampleBlock]) -> pl.Expr | pl.Series:
+    """The blocks' ranks: one value when they share it, else a column."""
+    ranks = {b.rank for b in blocks if not isinstance(b.rank, pl.Series)}
+    if len(ranks) == 1 and not any(isinstance(b.rank, pl.Series) for b in blocks):
+        return pl.lit(ranks.pop(), pl.Int64)
+    parts = [b.rank if isinstance(b.rank, pl.Series) else pl.repeat(b.rank, len(b.codes), eager=True) for b in blocks]
+    return pl.concat([part.cast(pl.Int64) for part in parts])
+
+
+def _sources(blocks: list[tuple[Sink, _SampleBlock]]) -> pl.Expr | pl.Series:
+    sources = {block.source for _, block in blocks}
+    if len(sources) == 1:
+        return pl.lit(sources.pop(), pl.String)
+    return pl.concat([pl.repeat(block.source, len(block.codes), dtype=pl.String, eager=True) for _, block in blocks])
 
 
 def _frame(data: Any, schema: dict[str, pl.DataType]) -> pl.DataFrame:
