@@ -5,7 +5,9 @@ Per batch of lines, in native code:
 1. one search for the literals that every rule regex and extractor trigger needs (prefilter.py; a pattern
    without such literals is searched in full): the candidate lines, and the patterns worth trying on each;
 2. one polars call that tries those patterns on those lines in Rust's linear-time engine, the pairs sorted
-   by pattern so that each regex is compiled once: what matches where is known before Python sees a line;
+   by pattern so that each regex is compiled once: what matches where is known before Python sees a line
+   (a batch with only a few short candidates, as most small files have, is told apart by Python's regexes,
+   compiled once: Rust compiles a rule's regex anew on each call, up to 13 ms for one);
 3. an extractor that reads a whole batch (verl's step lines) gets its lines as one column;
 4. repeats of a line (the same patterns, the same origin, the same text but for its numbers and times) are
    grouped, and only the first of each group becomes an event, the others being counted into it: memory
@@ -18,6 +20,7 @@ regex engine's cache and it slows down a thousandfold, while a literal search st
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -28,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import regex
 
 from forensics.line_prefixes import RANK_IN_MESSAGE, FileContext, attribute, file_context, rust_form
 from forensics.prefilter import Literals, literal_finder, owned_lines, required_literals, text_column
@@ -35,6 +39,8 @@ from forensics.rules.model import USER_REGEX_TIMEOUT_S, Rule
 from forensics.sources.base import BatchLines, Hit, LineExtractor, LineRecord, Sink
 from forensics.textio import LineBatch, iter_line_batches, open_binary, prefetched, read_problem
 
+PAIRS_IN_PYTHON_MAX = 64  # a batch with at most this many (line, pattern) pairs to try,
+SHORT_LINE_BYTES = 2048  # on lines no longer than this, tries them in Python (no backtracking risk to speak of)
 MAX_HITS_PER_FILE = 200_000  # distinct matching lines; past them a file is counted, not read, with a warning
 LOOKBACK_LINES = 64  # how far above an undated error its time is looked for (a long traceback fits)
 RULE_TIME_BUDGET_S = 10.0  # Python time one rule may spend on its matching lines before it is switched off
@@ -98,19 +104,42 @@ class _Pattern:
     extractor: LineExtractor | None = None
     literals: Literals | None = field(default=None, compare=False)
     folds: re.Pattern | None = None  # lines whose repeats may be counted into one event (see LineExtractor)
+    search: Callable[[str], object] | None = field(default=None, compare=False)  # Python's, None: Rust only
+
+    def matches(self, line: str) -> bool:
+        """Whether Python's regex matches `line`; a pattern only Rust reads, or a rule's regex that times out,
+        counts as matched (the handler, or the rule, reads the line again and says)."""
+        try:
+            return self.search is None or self.search(line) is not None
+        except TimeoutError:
+            return True
 
 
 def _rule_pattern(rule: Rule, index: int) -> _Pattern:
     """A rule clause's regex; a clause that reads other lines (followed_by, extract_window) never folds."""
     clause = rule.match[index]
     folds = _ANY_LINE if clause.followed_by is None and not rule.extract_window else None
-    return _Pattern(prefilter_form(clause.regex), rule, None, required_literals(clause.regex), folds)
+    compiled = clause.compiled
+    search = functools.partial(compiled.search, timeout=USER_REGEX_TIMEOUT_S)  # a user's regex may backtrack
+    return _Pattern(prefilter_form(clause.regex), rule, None, required_literals(clause.regex), folds, search)
 
 
 def _extractor_pattern(extractor: LineExtractor) -> _Pattern:
     literals = required_literals(extractor.trigger)
     folds = re.compile(extractor.folds) if extractor.folds is not None else None
-    return _Pattern(prefilter_form(extractor.trigger), None, extractor, literals, folds)
+    return _Pattern(
+        prefilter_form(extractor.trigger), None, extractor, literals, folds, _python_search(extractor.trigger)
+    )
+
+
+def _python_search(pattern: str) -> Callable[[str], object] | None:
+    """The pattern's search in Python; None when only Rust reads it."""
+    for compile_ in (re.compile, regex.compile):
+        try:
+            return compile_(pattern).search
+        except (re.error, regex.error, ValueError, OverflowError):
+            continue
+    return None
 
 
 class TextScanner:
@@ -175,7 +204,7 @@ class TextScanner:
 
     def matches(self, batch: LineBatch) -> list[tuple[int, list[int]]]:
         """(index into batch.lines, indexes of the patterns that match it) of each owned line some pattern
-        matches, in line order; every match decided in Rust."""
+        matches, in line order; decided in Rust, or in Python for a few short lines (see the module doc)."""
         if batch.own_end <= batch.own_start:
             return []
         rows, tried = self._candidates(batch)
@@ -183,8 +212,14 @@ class TextScanner:
             return []
         order = np.lexsort((rows, tried))  # by pattern, so that each regex is compiled once
         rows, tried = rows[order], tried[order]
-        pairs = pl.DataFrame({"line": batch.lines.gather(rows), "regex": self._regexes.gather(tried)})
-        matched = pairs.select(pl.col("line").str.contains(pl.col("regex"))).to_series().to_numpy()
+        lengths = batch.offsets[rows + 1] - batch.offsets[rows]
+        if len(rows) <= PAIRS_IN_PYTHON_MAX and int(lengths.max()) <= SHORT_LINE_BYTES:
+            texts = {row: batch.text(row) for row in set(rows.tolist())}
+            tries = zip(rows.tolist(), tried.tolist(), strict=True)
+            matched = np.array([self.patterns[i].matches(texts[row]) for row, i in tries], dtype=bool)
+        else:
+            pairs = pl.DataFrame({"line": batch.lines.gather(rows), "regex": self._regexes.gather(tried)})
+            matched = pairs.select(pl.col("line").str.contains(pl.col("regex"))).to_series().to_numpy()
         found: dict[int, list[int]] = {}
         for row, pattern in zip(rows[matched].tolist(), tried[matched].tolist(), strict=True):
             found.setdefault(row, []).append(pattern)
