@@ -59,3 +59,11 @@ def test_lint_reports_a_slow_user_regex_with_its_file_line_and_rule(tmp_path):
     assert "site/slow-warn.yaml:9: match: regex '(?P<library>[\\\\w.+-]+" in result.output
     assert "took over 1 s on 'a.so1' repeated" in result.output
     assert "(rule slow-warn)" in result.output
+
+
+def test_a_regex_slow_to_compile_in_rust_is_reported():
+    """Rust compiles a regex in each batch it is tried on; bounded repeats of Unicode classes cost 30 ms."""
+    slow = r"requires? (?P<requirement>[\w.\-]{1,128} ?[<>=!~]=?\s{0,8}[\w.*+]{1,64}) but found"
+    assert "to compile in Rust's engine" in judge(slow, hostile_lines(slow))
+    ascii_ = r"requires? (?P<requirement>[A-Za-z0-9_.\-]{1,128} ?[<>=!~]=?\s{0,8}[A-Za-z0-9_.*+]{1,64}) but found"
+    assert judge(ascii_, hostile_lines(ascii_)) is None

@@ -13,11 +13,13 @@ is timed, in both engines, on lines of LINE_CHARS (what Python reads of a line a
 - each of the regex's literals over and over, and the rule's own examples repeated.
 
 A regex is slow when a line takes it more than SLOW_S, or when its time grows more than GROWTH_MAX times
-from a quarter of the line to the whole (linear: 4x, quadratic: 16x).
+from a quarter of the line to the whole (linear: 4x, quadratic: 16x). And since Rust compiles a regex anew
+in each batch it is tried on, one that takes over RUST_COMPILE_S to compile is reported too.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 import warnings
 from collections.abc import Iterator
@@ -35,6 +37,7 @@ LINE_CHARS = 64 * 1024  # textio.MAX_LINE_CHARS: Python never reads more of a li
 SLOW_S = 0.5  # a linear regex takes at most ~0.2 s on such a line (trying every start), a quadratic one minutes
 TIMEOUT_S = 1.0
 GROWTH_MAX = 10.0
+RUST_COMPILE_S = 0.005  # most rule regexes compile in under 1 ms
 GROWTH_FLOOR_S = 0.05  # below this, timings are noise and growth is not judged
 LITERALS_TRIED = 8
 RUNS = 3
@@ -51,6 +54,7 @@ _STEP_METRICS = (
     "timing_s/step:48.7025266494602",
 )
 _NAN_TAIL = " - actor/pg_loss:nan"
+_VARIANTS = itertools.count(1000)
 _CLASS_SAMPLES = "a1 x_-:/.(=Z\t"
 
 
@@ -90,6 +94,13 @@ def judge(pattern: str, lines: list[HostileLine]) -> str | None:
     seconds = _rust_seconds(pattern, [line.text for line in lines])
     if seconds > SLOW_S * len(lines):
         return f"regex {pattern!r} took {seconds:.2f} s in Rust's engine on {len(lines)} lines: make it smaller"
+    seconds = _rust_compile_seconds(pattern)
+    if seconds > RUST_COMPILE_S:
+        return (
+            f"regex {pattern!r} takes {seconds * 1000:.0f} ms to compile in Rust's engine, again in each batch it "
+            "is tried on: a bounded repeat of a Unicode class (\\w{1,128}) is the usual cause; use an ASCII class "
+            "([A-Za-z0-9_]{1,128})"
+        )
     return None
 
 
@@ -250,6 +261,19 @@ def _rust_seconds(pattern: str, texts: list[str]) -> float:
     start = time.process_time()
     column.str.contains(pattern)
     return time.process_time() - start
+
+
+def _rust_compile_seconds(pattern: str) -> float:
+    """CPU seconds Rust's engine takes to compile `pattern`: polars keeps a few compiled regexes, so each
+    run compiles a variant of its own (an extra alternative that cannot match a line: NULs)."""
+    best = TIMEOUT_S
+    column = pl.Series([""], dtype=pl.String)
+    for _ in range(RUNS):
+        variant = f"(?:{pattern})|\\x00{{{next(_VARIANTS)}}}"
+        start = time.process_time()
+        column.str.contains(variant)
+        best = min(best, time.process_time() - start)
+    return best
 
 
 def _regexes(rule: Rule) -> Iterator[tuple[str, str]]:
