@@ -53,6 +53,7 @@ ATOM_ESCAPES = {
     "t": "\t",
 }
 ERE_SPECIAL = set(".[]()*+?{}|^$\\")
+BOUND_DROPPED_FROM = 16
 
 
 class EreConverter:
@@ -93,7 +94,7 @@ class EreConverter:
             elif c == "{":
                 m = re.match(r"\{\d*(?:,\d*)?\}", pattern[i:])
                 if m and m.group() != "{}":
-                    out.append(m.group())
+                    out.append(self._bound(m.group()))
                     i += m.end()
                 else:
                     out.append(r"\{")
@@ -105,6 +106,15 @@ class EreConverter:
                 out.append(c)
                 i += 1
         return "".join(out)
+
+    def _bound(self, repeat: str) -> str:
+        """`{m,n}` as grep is given it: a large upper bound is dropped, since GNU grep's DFA grows with it (the
+        bounded rules took grep 3.0 -> 12 s CPU on 1 GiB, for the same lines)."""
+        low, comma, high = repeat[1:-1].partition(",")
+        if comma and high and int(high) >= BOUND_DROPPED_FROM:
+            self.notes.add(f"bounded repeat {{m,n}} with n >= {BOUND_DROPPED_FROM} -> {{m,}} (a superset)")
+            return "{" + (low or "0") + ",}"
+        return repeat
 
     def _escape(self, p: str, i: int) -> tuple[int, str]:
         e = p[i + 1] if i + 1 < len(p) else "\\"
