@@ -42,7 +42,7 @@ MAX_CONFIG_LINES = 4000
 MAX_CONFIG_CHARS = 2_000_000
 MAX_RECORD_BYTES = 64 * 1024**2  # a longer "line" of the file logger is read in pieces, each a bad record
 # A number as `repr` prints one (no spaces, underscores or non-ASCII digits, which float() would also take):
-# exactly what polars' cast to Float64 reads (tests/test_verl_console.py checks the two agree)
+# exactly what polars' cast to Float64 reads (tests/test_step_lines_in_bulk.py checks the two agree)
 NUMBER = re.compile(r"^[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|(?i:nan|inf|infinity))$")
 _ANSI_RUN = r"(?:\x1b\[[0-9;?]*[A-Za-z])*"
 # The step lines read in bulk: a Ray prefix (actor names and addresses without `-`, `:`, `(`), torchrun
