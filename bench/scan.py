@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from forensics.discover import TEXT_LOG, discover  # noqa: E402
-from forensics.pipeline import Options, analyze, load_rule_set  # noqa: E402
+from forensics.pipeline import Options, analyze, load_catalogue  # noqa: E402
 from forensics.sources import line_extractors  # noqa: E402
 
 CLASS_ESCAPES = {"d": "0-9", "s": "[:space:]", "w": "[:alnum:]_"}
@@ -240,7 +240,7 @@ class EreConverter:
 
 def patterns(overlays: list[Path]) -> list[str]:
     """The same patterns the scanner looks for: every extractor trigger and every rule clause."""
-    rules = load_rule_set(overlays)
+    rules = load_catalogue(overlays).rules
     found = [e.trigger for e in line_extractors()]
     found += [clause.regex for rule in rules for clause in rule.match]
     return found

@@ -5,8 +5,9 @@ What a run is (given PATH arguments, after expanding globs):
 - a folder that directly holds at least one file is one run, with everything below it (hidden files
   and notes such as README, *.md or *.html do not count);
 - a folder that holds only folders (and notes) is a folder of runs: each immediate non-hidden
-  subfolder is one run, whatever it holds. Only one level is expanded: pass a glob (`'jobs/*/'`) for deeper layouts, or
-  `paths_are_runs` to take every PATH as one run as given.
+  subfolder is one run, whatever it holds; so is each tar archive (`run.tgz`) beside them. Only one
+  level is expanded: pass a glob (`'jobs/*/'`) for deeper layouts, or `paths_are_runs` to take every
+  PATH as one run as given.
 
 Each run is analysed by `analyse_run`, a pure function of the run's path and the settings (no writes),
 so the local process pool and Ray tasks give the same rows; the caller writes the reports. The fleet
@@ -17,12 +18,15 @@ analyses new runs. Runs that could not be analysed are retried every time.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
 import os
 import re
+import signal
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -30,13 +34,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from multiprocessing import get_context
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 import polars as pl
 
 from forensics import __version__
+from forensics.archive import ARCHIVE_SUFFIXES
 from forensics.fingerprint import fingerprint, root_fingerprint, run_hosts
-from forensics.model import Analysis, severity_rank
+from forensics.model import Analysis, iso, severity_rank
 from forensics.package_data import patterns_dir
 from forensics.pipeline import Options, analyze
 from forensics.redact import redact_tree
@@ -51,11 +57,16 @@ RUNS_DIR = "runs"
 ERROR = "error"
 ENGINES = ("local", "ray")
 NOTE_FILE = re.compile(r"(?i)^(?:readme|notes?|license|index)(?:\.\w+)?$|\.(?:md|rst|html?)$")
+# subfolders that are parts of one run, never runs of their own: ranks, nodes, attempts, Ray session folders
+PART_OF_A_RUN = re.compile(
+    r"(?i)^(?:\d+|(?:rank|node|worker|host|attempt|gpu)[_-]?\d+|session_.*|logs?|events|\d+\.\d+\.\d+\.\d+)$"
+)
 
 FLEET_SCHEMA: dict[str, pl.DataType] = {
     "run": pl.String(),
     "path": pl.String(),
-    "status": pl.String(),  # failed | degraded | healthy | error
+    "status": pl.String(),  # failed | degraded | healthy | inconclusive | error
+    "reason": pl.String(),  # why an inconclusive run has no verdict (model.INCONCLUSIVE_CODES)
     "class": pl.String(),
     "rule": pl.String(),
     "rank": pl.Int64(),
@@ -82,6 +93,10 @@ FLEET_SCHEMA: dict[str, pl.DataType] = {
     "analysis_s": pl.Float64(),
     "cache_key": pl.String(),
 }
+
+
+BATCH_SCHEMA = "forensics.batch/v1"
+POLL_S = 0.25  # how often the pool is looked at for runs that began or ran past their time
 
 
 class BatchError(Exception):
@@ -136,6 +151,25 @@ class BatchResult:
     cached: int = 0
     seconds: float = 0.0
     new_fingerprints: set[str] = field(default_factory=set)
+    interrupted: bool = False  # Ctrl-C: the table and index hold the runs finished before it
+    total: int = 0  # runs asked for (the table may hold fewer when interrupted)
+
+    def to_json(self) -> dict[str, Any]:
+        """The batch as JSON (schema `forensics.batch/v1`): one object per fleet row, times as ISO 8601."""
+        rows = [
+            {k: (iso(v) if isinstance(v, datetime) else v) for k, v in row.items()}
+            for row in self.fleet.iter_rows(named=True)
+        ]
+        return {
+            "schema": BATCH_SCHEMA,
+            "out": str(self.out),
+            "runs": self.total,
+            "analysed": self.analysed,
+            "cached": self.cached,
+            "interrupted": self.interrupted,
+            "new_fingerprints": sorted(self.new_fingerprints),
+            "rows": rows,
+        }
 
 
 # ---------------------------------------------------------------- finding the runs
@@ -151,10 +185,37 @@ def _is_note(name: str) -> bool:
 
 
 def _holds_files(folder: Path) -> bool:
+    """A run's own files (an archive is a run of its own, not a file of the folder's run)."""
     try:
-        return any(entry.is_file() and not _is_note(entry.name) for entry in os.scandir(folder))
+        return any(
+            entry.is_file() and not _is_note(entry.name) and not _is_archive_name(entry.name)
+            for entry in os.scandir(folder)
+        )
     except OSError:
         return True  # an unreadable folder is a run whose analysis will say why
+
+
+def _is_archive_name(name: str) -> bool:
+    return name.lower().endswith(ARCHIVE_SUFFIXES)
+
+
+def several_runs(folder: Path) -> list[str]:
+    """The runs a folder holds when it holds more than one, else [] (`forensics analyze` refuses to merge them).
+
+    Stricter than `find_runs`, which takes every subfolder of a folder of folders as a run: here at least two
+    subfolders must each directly hold files of their own, and folders named like the parts of one run (the
+    ranks, nodes and attempts of torchrun and Ray layouts, Ray's `session_*` and `logs`) do not count.
+    """
+    if not folder.is_dir() or _holds_files(folder):
+        return []
+    try:
+        children = sorted(c for c in folder.iterdir() if c.is_dir() and not c.is_symlink() and not _is_hidden(c))
+    except OSError:
+        return []
+    runs = [c.name for c in children if not PART_OF_A_RUN.match(c.name) and _holds_files(c)]
+    archives = [c.name for c in folder.iterdir() if c.is_file() and _is_archive_name(c.name)]
+    found = runs + sorted(archives)
+    return found if len(found) > 1 else []
 
 
 def _expand(pattern: str) -> list[Path]:
@@ -184,7 +245,9 @@ def find_runs(paths: Iterable[str], paths_are_runs: bool = False, out: Path | No
                 found.setdefault(resolved)
                 continue
             for child in sorted(resolved.iterdir()):
-                if child.is_dir() and not _is_hidden(child) and child.resolve() != out_dir:
+                if _is_hidden(child) or child.resolve() == out_dir:
+                    continue
+                if child.is_dir() or (child.is_file() and _is_archive_name(child.name)):
                     found.setdefault(child.resolve())
     runs = list(found)
     if out_dir is not None:
@@ -277,6 +340,9 @@ def _row(spec: RunSpec, a: Analysis, doc: dict[str, Any]) -> dict[str, Any]:
         "ended": ended,
         "duration_s": (ended - started).total_seconds() if started and ended else None,
     }
+    if verdict["reason"] is not None:  # inconclusive runs group by why nothing could be said
+        row["reason"] = verdict["reason"]["code"]
+        row["fingerprint"], row["signature"] = fingerprint("inconclusive", verdict["reason"]["code"])
     if root is not None:
         digest, signature = root_fingerprint(a)
         row |= {
@@ -327,47 +393,149 @@ def analyse_run(spec: RunSpec, settings: Settings) -> RunOutcome:
 # ---------------------------------------------------------------- engines
 
 Done = Callable[[RunSpec, RunOutcome], None]
+Began = Callable[[RunSpec], None]
+_BEGAN_QUEUE: Any = None  # in a pool worker: where it says which run it begins (see _analyse_in_worker)
 
 
-def _run_in_process(specs: list[RunSpec], settings: Settings, done: Done) -> None:
+def _run_in_process(specs: list[RunSpec], settings: Settings, done: Done, began: Began) -> None:
     for spec in specs:
+        began(spec)
         done(spec, analyse_run(spec, settings))
 
 
-def _run_process_pool(specs: list[RunSpec], settings: Settings, jobs: int, done: Done) -> None:
-    """A spawned process pool (forking a process that runs polars threads can deadlock).
+def _worker_init(began_queue: Any) -> None:
+    """A pool worker leaves Ctrl-C to the batch (which keeps the finished work), and reports what it begins."""
+    global _BEGAN_QUEUE
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _BEGAN_QUEUE = began_queue
 
-    A worker that dies (killed by the OOM killer, a crash in native code) breaks the pool; the runs
-    that were in flight are tried once more in a fresh pool, then become `error` rows.
-    """
-    todo = list(specs)
-    for attempt in (1, 2):
-        broken: list[RunSpec] = []
-        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=get_context("spawn")) as pool:
-            futures: dict[Future[RunOutcome], RunSpec] = {pool.submit(analyse_run, s, settings): s for s in todo}
-            pending = set(futures)
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    spec = futures[future]
-                    try:
-                        done(spec, future.result())
-                    except BrokenProcessPool:
-                        if attempt == 1:
-                            broken.append(spec)
-                        else:
-                            message = "the worker process died while analysing this run (killed, or out of memory)"
-                            done(spec, RunOutcome(row=error_row(spec, message)))
-        if not broken:
+
+def _analyse_in_worker(spec: RunSpec, settings: Settings) -> RunOutcome:
+    _BEGAN_QUEUE.put((spec.path, os.getpid()))
+    return analyse_run(spec, settings)
+
+
+def _timeout_row(spec: RunSpec, timeout: float) -> RunOutcome:
+    return RunOutcome(
+        row=error_row(spec, f"the analysis ran past the per-run timeout of {timeout:g} s and was stopped")
+    )
+
+
+def _kill(pids: Iterable[int]) -> None:
+    """Stop pool workers this batch started, by their process ids."""
+    for pid in set(pids):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@dataclass
+class _Round:
+    """One process pool over some runs: who began where, who ran past the timeout."""
+
+    by_path: dict[str, RunSpec]
+    running: dict[str, tuple[int, float]] = field(default_factory=dict)  # path -> (worker pid, start)
+    began: set[str] = field(default_factory=set)
+    timed_out: set[str] = field(default_factory=set)
+
+    def drain(self, queue: Any, began: Began) -> None:
+        while True:
+            try:
+                path, pid = queue.get_nowait()
+            except (Empty, OSError, ValueError):
+                return
+            self.running[path] = (pid, time.monotonic())
+            self.began.add(path)
+            began(self.by_path[path])
+
+    def stop_overdue(self, timeout: float | None) -> None:
+        if not timeout:
             return
-        todo = broken
+        now = time.monotonic()
+        for path, (pid, start) in list(self.running.items()):
+            if now - start > timeout and path not in self.timed_out:
+                self.timed_out.add(path)
+                _kill([pid])
 
 
-def _run_ray(specs: list[RunSpec], settings: Settings, jobs: int, address: str | None, done: Done) -> None:
+def _pool_round(
+    todo: list[RunSpec], settings: Settings, jobs: int, done: Done, began: Began, timeout: float | None, tries: Counter
+) -> list[RunSpec]:
+    """Analyse `todo` in one pool; return the runs to try again in a fresh one.
+
+    A worker that dies (the OOM killer, a crash in native code, or this batch stopping a run past its
+    timeout) breaks the whole pool. The run that ran past its timeout becomes an `error` row; the runs that
+    had not begun, and those in flight beside a run stopped here, are tried again at no cost; a run in
+    flight when a worker died on its own is tried once more, then becomes an `error` row.
+    """
+    context = get_context("spawn")  # forking a process that runs polars threads can deadlock
+    queue = context.Queue()
+    state = _Round({s.path: s for s in todo})
+    again: list[RunSpec] = []
+    pool = ProcessPoolExecutor(
+        max_workers=min(jobs, len(todo)), mp_context=context, initializer=_worker_init, initargs=(queue,)
+    )
+    try:
+        futures: dict[Future[RunOutcome], RunSpec] = {pool.submit(_analyse_in_worker, s, settings): s for s in todo}
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+            state.drain(queue, began)
+            for future in finished:
+                spec = futures[future]
+                state.running.pop(spec.path, None)
+                try:
+                    outcome = future.result()
+                except BrokenProcessPool:
+                    if spec.path in state.timed_out:
+                        outcome = _timeout_row(spec, timeout or 0)
+                    elif spec.path not in state.began or state.timed_out:
+                        again.append(spec)
+                        continue
+                    elif tries[spec.path] < 1:
+                        tries[spec.path] += 1
+                        again.append(spec)
+                        continue
+                    else:
+                        message = "the worker process died while analysing this run (killed, or out of memory)"
+                        outcome = RunOutcome(row=error_row(spec, message))
+                done(spec, outcome)
+            state.stop_overdue(timeout)
+    except BaseException:  # Ctrl-C: stop the runs in flight now rather than wait for them
+        _kill([pid for pid, _ in state.running.values()] + list(getattr(pool, "_processes", None) or {}))
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        queue.close()
+    return again
+
+
+def _run_process_pool(
+    specs: list[RunSpec], settings: Settings, jobs: int, done: Done, began: Began, timeout: float | None
+) -> None:
+    """Spawned worker processes, rounds of them while workers die (see `_pool_round`)."""
+    todo, tries = list(specs), Counter()
+    for _ in range(len(specs) + 2):  # every round settles at least one run, or pays a try of one
+        if not todo:
+            return
+        todo = _pool_round(todo, settings, jobs, done, began, timeout, tries)
+    for spec in todo:
+        done(spec, RunOutcome(row=error_row(spec, "the worker processes kept dying; not analysed")))
+
+
+def _run_ray(
+    specs: list[RunSpec],
+    settings: Settings,
+    jobs: int,
+    address: str | None,
+    done: Done,
+    began: Began,
+    timeout: float | None,
+) -> None:
     """The same `analyse_run` as Ray tasks: on the cluster at `address`, or on a local one started here.
 
     On a cluster, every node needs forensics installed and must see the run folders at the same paths;
-    reports come back to this process, which writes them.
+    reports come back to this process, which writes them. A task past the timeout is cancelled (its
+    worker is killed); Ctrl-C cancels the tasks in flight.
     """
     try:
         import ray
@@ -380,22 +548,35 @@ def _run_ray(specs: list[RunSpec], settings: Settings, jobs: int, address: str |
             ray.init(address=address, **init)
         else:
             ray.init(num_cpus=jobs or None, include_dashboard=False, **init)
+    in_flight: dict[Any, tuple[RunSpec, float]] = {}
     try:
         task = ray.remote(num_cpus=1, max_retries=1)(analyse_run)
         limit = jobs or len(specs)
         queue = list(reversed(specs))
-        in_flight: dict[Any, RunSpec] = {}
+        overdue: set[Any] = set()
         while queue or in_flight:
             while queue and len(in_flight) < limit:
                 spec = queue.pop()
-                in_flight[task.remote(spec, settings)] = spec
-            ready, _ = ray.wait(list(in_flight), num_returns=1)
-            spec = in_flight.pop(ready[0])
-            try:
-                outcome = ray.get(ready[0])
-            except Exception as exc:  # a task whose worker died, or a cluster problem for this run
-                outcome = RunOutcome(row=error_row(spec, f"Ray task failed: {type(exc).__name__}: {exc}"))
-            done(spec, outcome)
+                began(spec)
+                in_flight[task.remote(spec, settings)] = (spec, time.monotonic())
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=POLL_S)
+            for ref in ready:
+                spec, _start = in_flight.pop(ref)
+                try:
+                    outcome = _timeout_row(spec, timeout or 0) if ref in overdue else ray.get(ref)
+                except Exception as exc:  # a task whose worker died, or a cluster problem for this run
+                    outcome = RunOutcome(row=error_row(spec, f"Ray task failed: {type(exc).__name__}: {exc}"))
+                done(spec, outcome)
+            now = time.monotonic()
+            for ref, (_spec, start) in in_flight.items():
+                if timeout and now - start > timeout and ref not in overdue:
+                    overdue.add(ref)
+                    ray.cancel(ref, force=True)
+    except BaseException:
+        for ref in in_flight:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+        raise
     finally:
         if started_here:
             ray.shutdown()
@@ -451,11 +632,18 @@ def run_batch(
     force: bool = False,
     progress: Callable[[RunSpec], None] | None = None,
     title: str | None = None,
+    began: Began | None = None,
+    timeout: float | None = None,
 ) -> BatchResult:
     """Analyse every run that changed since the last batch in `out`, then write the fleet table and index.html.
 
-    With the local engine and more than one worker, runs are analysed in spawned processes: a script
-    calling this needs the `if __name__ == "__main__":` guard.
+    `progress` is called as each run is settled, `began` as its analysis begins. A run whose analysis runs past
+    `timeout` seconds is stopped and becomes an `error` row (the local engine then always uses worker
+    processes, which can be stopped). On Ctrl-C the runs settled so far are written and the result says
+    `interrupted`; runs not reached keep the row of the previous batch, if any.
+
+    With the local engine and more than one worker (or a timeout), runs are analysed in spawned processes: a
+    script calling this needs the `if __name__ == "__main__":` guard.
     """
     if engine not in ENGINES:
         raise BatchError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
@@ -495,13 +683,12 @@ def run_batch(
         if progress:
             progress(spec)
 
-    if todo:
-        if engine == "ray":
-            _run_ray(todo, settings, jobs, address, done)
-        elif workers == 1 or len(todo) == 1:
-            _run_in_process(todo, settings, done)
-        else:
-            _run_process_pool(todo, settings, workers, done)
+    interrupted = False
+    try:
+        _analyse_all(todo, settings, engine, workers, jobs, address, done, began or (lambda _: None), timeout)
+    except KeyboardInterrupt:
+        interrupted = True
+        rows |= _unreached_rows(previous, [s for s in todo if s.path not in rows])
 
     fleet = fleet_frame(list(rows.values()))
     _write_atomically(out / FLEET_FILE, fleet.write_parquet)
@@ -509,4 +696,38 @@ def run_batch(
     new = set() if known is None else set(fleet.get_column("fingerprint").drop_nulls().to_list()) - known
     html = render_batch_html(fleet, new, title or out.resolve().name)
     _write_atomically(out / INDEX_FILE, lambda p: p.write_text(html, encoding="utf-8"))
-    return BatchResult(fleet, out, len(todo), len(specs) - len(todo), time.perf_counter() - t0, new)
+    analysed = sum(1 for s in todo if s.path in rows) if interrupted else len(todo)
+    return BatchResult(
+        fleet, out, analysed, len(specs) - len(todo), time.perf_counter() - t0, new, interrupted, len(specs)
+    )
+
+
+def _analyse_all(
+    todo: list[RunSpec],
+    settings: Settings,
+    engine: str,
+    workers: int,
+    jobs: int,
+    address: str | None,
+    done: Done,
+    began: Began,
+    timeout: float | None,
+) -> None:
+    if not todo:
+        return
+    if engine == "ray":
+        _run_ray(todo, settings, jobs, address, done, began, timeout)
+    elif not timeout and (workers == 1 or len(todo) == 1):
+        _run_in_process(todo, settings, done, began)
+    else:
+        _run_process_pool(todo, settings, workers, done, began, timeout)
+
+
+def _unreached_rows(previous: pl.DataFrame | None, unreached: list[RunSpec]) -> dict[str, dict[str, Any]]:
+    """After Ctrl-C, the previous batch's rows of the runs not reached this time: an interrupted batch loses
+    nothing that the table held before."""
+    if previous is None or not unreached:
+        return {}
+    wanted = {s.path: s for s in unreached}
+    kept = previous.filter(pl.col("path").is_in(list(wanted)))
+    return {row["path"]: row | {"run": wanted[row["path"]].run} for row in kept.iter_rows(named=True)}

@@ -14,9 +14,9 @@ from typing import Any
 import polars as pl
 
 from forensics.fingerprint import root_fingerprint
+from forensics.metric_semantics import bundled, panel
 from forensics.model import Analysis, Finding
 from forensics.redact import redact_tree
-from forensics.report.figures import TRAINING_METRICS
 
 SCHEMA = "forensics.diff/v1"
 MAX_POINTS = 60
@@ -56,7 +56,8 @@ KEY_NUMBERS = (
     ),
     KeyNumber("host_memory_gb", "host memory", "GiB", "lower", (("perf/cpu_memory_used_gb", "max", 1.0),)),
 )
-COMPARED_METRICS = tuple(m for m in TRAINING_METRICS if m != "actor/pg_clipfrac")  # the curves the report plots
+# the curves the report plots, less the clip fractions (their scale says little across runs)
+COMPARED_METRICS = tuple(m for m in panel("training") if bundled().kind(m) != "clip_fraction")
 FAILURE_NAMES = {
     "cuda_oom": "the OOM",
     "host_oom": "the host OOM",
@@ -235,6 +236,7 @@ def _side(a: Analysis) -> dict[str, Any]:
         "path": a.run_path,
         "status": a.verdict.status,
         "summary": a.verdict.summary,
+        "reason": a.verdict.reason.to_json() if a.verdict.reason else None,
         "steps": int(steps.max()) if steps.len() else 0,
         "files": len(a.files),
         "root_cause": None,
@@ -255,6 +257,13 @@ def _side(a: Analysis) -> dict[str, Any]:
 
 def _failure_clause(a: dict[str, Any], b: dict[str, Any]) -> str:
     ra, rb = a["root_cause"], b["root_cause"]
+    unsure = [
+        f"{label} ({side['reason']['code'].replace('_', ' ')})"
+        for label, side in (("A", a), ("B", b))
+        if side["reason"]
+    ]
+    if unsure:  # nothing read is not healthy: no comparison of failures can stand on it
+        return f"no verdict for {' and '.join(unsure)}"
     if ra is None and rb is None:
         return "both runs are healthy"
     if ra is None:

@@ -9,11 +9,15 @@ turns every oddity into a note on the file or a warning for the report.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import stat
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forensics.archive import TAR_MAGIC_OFFSET, archive_stem, is_archive, unpack
 from forensics.sources import file_sources
 from forensics.sources.base import FileSource
 from forensics.textio import compression_of, read_head
@@ -33,6 +37,15 @@ BINARY_MAGIC = {
 # names that promise text: binary content under them is worth a warning, not just a note
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 TEXT_SUFFIXES = (".log", ".txt", ".out", ".err", ".json", ".jsonl", ".csv", ".yaml", ".yml")
+# Documentation and source code are not what a run printed: a README that quotes an OOM line, a changelog that
+# mentions a segfault or a script that raises "CUDA out of memory" must not read as a failure of the run.
+NOT_RUN_OUTPUT = re.compile(
+    r"^(?:readme|licen[cs]e|copying|copyright|notice|authors|contributors|contributing|changelog|changes|news"
+    r"|history)(?:\.[\w-]+)*$"
+    r"|\.(?:md|markdown|rst|adoc|html?|ipynb|tex|pdf|py|pyi|pyx|c|cc|cpp|h|hpp|cu|cuh|js|ts|css|java|go|rs)$"
+)
+LOG_SUFFIXES = (".log", ".out", ".err", ".jsonl", ".csv")
+NOT_RUN_OUTPUT_NOTE = "documentation or source code (by its name), not run output"
 
 
 @dataclass
@@ -46,12 +59,25 @@ class RunFile:
 
 @dataclass
 class Run:
-    """The files of one run, from one or several input paths."""
+    """The files of one run, from one or several input paths; a context manager that removes the private
+    folders that archives were unpacked into."""
 
     paths: list[Path]
     name: str
     files: list[RunFile] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    unpacked: list[Path] = field(default_factory=list)
+
+    def close(self) -> None:
+        for folder in self.unpacked:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.unpacked.clear()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 _CONTROL_BYTES = bytes(b for b in range(32) if (b < 9 or b > 13) and b != 0x1B)  # ESC starts ANSI colours
@@ -75,6 +101,8 @@ def sniff(path: Path | str, rel: str, sources: list[FileSource] | None = None) -
         head = read_head(Path(path), HEAD_BYTES)
         if not head:
             return SKIPPED, "compressed file could not be opened (damaged or unsupported)"
+    if head[TAR_MAGIC_OFFSET : TAR_MAGIC_OFFSET + 5] == b"ustar":  # its members' text would fool the sniffers
+        return SKIPPED, "a tar archive inside the run; give it to forensics as a run of its own to read it"
     name = os.path.basename(path).lower()
     for source in file_sources() if sources is None else sources:
         try:
@@ -92,9 +120,15 @@ def sniff(path: Path | str, rel: str, sources: list[FileSource] | None = None) -
 
 def run_name(paths: list[Path]) -> str:
     """The name reports are called by: the folder's (or file's) name, `+N` when several were given."""
-    first = paths[0].resolve().name
+    first = archive_stem(paths[0].resolve().name)
     name = first if len(paths) == 1 else f"{first}+{len(paths) - 1}"
     return name.removesuffix(".log") or "run"
+
+
+def is_run_output(name: str) -> bool:
+    """False for documentation and source code by their names (`README`, `NEWS.gz`, `*.md`, `*.py`)."""
+    plain = _plain_name(name)
+    return plain.endswith(LOG_SUFFIXES) or NOT_RUN_OUTPUT.search(plain) is None
 
 
 def _link_problem(root: Path, link: Path) -> str | None:
@@ -142,6 +176,9 @@ def _add_file(run: Run, path: str, rel: str, st: os.stat_result, sources: list[F
     """Sniff one file and add it to the run; paths are plain strings here, since pathlib costs ~20 µs a file."""
     if not stat.S_ISREG(st.st_mode):
         run.warnings.append(f"{rel}: not a regular file (FIFO, socket or device), not read")
+        return
+    if not is_run_output(os.path.basename(path)):
+        run.files.append(RunFile(Path(path), rel, SKIPPED, st.st_size, NOT_RUN_OUTPUT_NOTE))
         return
     try:
         kind, note = sniff(path, rel, sources)
@@ -200,20 +237,42 @@ def _walk(walk: _Walk) -> None:
             walk.run.warnings.append(f"{rel}: cannot stat: {exc.strerror or exc}")
 
 
+def _unpack_archive(run: Run, archive: Path) -> Path:
+    """Unpack a tar archive given as (part of) a run into a private folder outside every input; its root."""
+    into = Path(tempfile.mkdtemp(prefix="forensics-archive-"))
+    run.unpacked.append(into)
+    for given in run.paths:
+        if given.is_dir() and (into.resolve() == given.resolve() or given.resolve() in into.resolve().parents):
+            raise ValueError(f"the temporary folder {into} is inside the run {given}; set TMPDIR elsewhere")
+    root, warnings = unpack(archive, into)
+    run.warnings.extend(warnings)
+    return root
+
+
 def discover(paths: list[Path]) -> Run:
-    """Every readable file under the given folders and files, with its kind."""
+    """Every readable file under the given folders, files and tar archives, with its kind.
+
+    Use the result as a context manager (`with discover(paths) as run:`): an archive's members are
+    unpacked into a private folder that is removed when it ends.
+    """
     if not paths:
         raise ValueError("no input path given")
     run = Run(paths=paths, name=run_name(paths))
     sources = file_sources()
-    for given in paths:
-        if not given.exists():
-            raise FileNotFoundError(f"{given}: no such file or folder")
-        if given.is_dir():
-            prefix = f"{given.name}/" if len(paths) > 1 else ""
-            _walk(_Walk(given, prefix, run, sources))
-        else:
-            _add_file(run, str(given), given.name, given.stat(), sources)
+    try:
+        for given in paths:
+            if not given.exists():
+                raise FileNotFoundError(f"{given}: no such file or folder")
+            prefix = f"{archive_stem(given.name)}/" if len(paths) > 1 else ""
+            if given.is_dir():
+                _walk(_Walk(given, prefix, run, sources))
+            elif given.is_file() and is_archive(given):
+                _walk(_Walk(_unpack_archive(run, given), prefix, run, sources))
+            else:
+                _add_file(run, str(given), given.name, given.stat(), sources)
+    except BaseException:
+        run.close()
+        raise
     if not run.files:
         run.warnings.append("no files to read: the run folder is empty or holds only links and special files")
     return run

@@ -10,7 +10,17 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# colour codes, also those whose ESC was lost in a paste (`[36m(TaskRunner pid=1)[0m`)
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|(?<![\w\]])\[(?:\d{1,3}(?:;\d{1,3})*)?m(?=[\[(\w\s]|$)")
+# Wrappers that tools and people put in front of a program's line: a quoted paste (`> `), MPI's `[1,290]<stderr>:`,
+# Slurm's `srun --label` (`12: `), pdsh's `host: `, a log viewer's line counter (`[80746] `), a container
+# runtime's timestamp. They stand before the program's own prefixes, any number of them.
+QUOTE_PREFIX = re.compile(r"^\s{0,3}>+ ?")
+MPI_PREFIX = re.compile(r"^\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr)>:\s?")
+SRUN_PREFIX = re.compile(r"^\s{0,4}(?P<rank>\d{1,5}): (?=\S)")
+HOST_PREFIX = re.compile(r"^(?P<host>(?=[\w.-]*\d)[A-Za-z0-9][\w.-]{1,62}): (?=\S)")
+COUNTER_PREFIX = re.compile(r"^\[\d{1,9}\] (?=\S)")
+RUNTIME_TS_PREFIX = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z (?=\S)")
 RAY_PREFIX = re.compile(r"^\((?:(?P<name>[^()]*?) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^)\s]+))?\)\s?")
 RAY_SYSTEM_PREFIX = re.compile(r"^\((?P<src>raylet|gcs_server|autoscaler[^,)]*)(?:, ip=(?P<ip>[^)\s]+))?\)\s?")
 TORCHRUN_PREFIX = re.compile(r"^\[(?:default|rank)(?P<rank>\d+)\]:\s?")
@@ -44,9 +54,37 @@ def _unanchored(pattern: re.Pattern) -> str:
     return rust_form(pattern.pattern).removeprefix("^")
 
 
-# For matching many lines at once in Rust: the prefixes `attribute` peels off, and the last torchrun rank
-# among them.
-PEELED_PREFIXES = f"^(?:{_unanchored(RAY_PREFIX)}|{_unanchored(RAY_SYSTEM_PREFIX)})?(?:{_unanchored(TORCHRUN_PREFIX)})*"
+_LOOKAHEAD = re.compile(r"\(\?=(?:[^()\\]|\\.)*\)")
+
+
+def _loose(pattern: re.Pattern) -> str:
+    """A prefix regex as Rust's engine reads it: unanchored, without group names and without its look-aheads
+    (so it matches wherever the prefix does, and may match where `attribute` would not peel it)."""
+    return _LOOKAHEAD.sub("", _unanchored(pattern))
+
+
+# For reading many lines at once in Rust. ANSI_ESC: the colour codes with their ESC; ANSI_ESCLESS: wherever a
+# colour code that lost its ESC may stand (ANSI strips those only between certain characters: a line holding one
+# is read by `attribute`, one at a time). ANY_PREFIX: each prefix `attribute` may peel, in any order it peels
+# them: a line's body is what follows some run of them, and when `attribute` peels a prefix, one of these
+# matches it (they may match more: the look-aheads and `attribute`'s six rounds are left out).
+ANSI_ESC = r"\x1b\[[0-9;?]*[A-Za-z]"
+ANSI_ESCLESS = r"\[[\d;]*m"
+ANY_PREFIX = "|".join(
+    _loose(p)
+    for p in (
+        RAY_PREFIX,
+        RAY_SYSTEM_PREFIX,
+        TORCHRUN_PREFIX,
+        MPI_PREFIX,
+        QUOTE_PREFIX,
+        COUNTER_PREFIX,
+        RUNTIME_TS_PREFIX,
+        SRUN_PREFIX,
+        HOST_PREFIX,
+    )
+)
+# The last torchrun rank of a line whose only prefixes are a Ray prefix and torchrun's (verl's bulk step lines).
 LAST_TORCHRUN_RANK = (
     f"^(?:{_unanchored(RAY_PREFIX)}|{_unanchored(RAY_SYSTEM_PREFIX)})?(?:{_unanchored(TORCHRUN_PREFIX)})*"
     r"\[(?:default|rank)(\d+)\]:"
@@ -138,27 +176,50 @@ def _c10_timestamp(mmdd: str, hms: str, year: int | None) -> datetime | None:
         return None
 
 
-def attribute(line: str, fctx: FileContext) -> LineContext:
-    """Peel the known prefixes off `line` and say what they tell."""
-    text = ANSI.sub("", line).rstrip("\r\n")
-    ctx = LineContext(body=text, rank=fctx.rank, pid=fctx.pid, host=fctx.host, role=fctx.role)
+def _peel(text: str, ctx: LineContext) -> str | None:
+    """`text` without the outermost prefix it starts with (noting what that prefix tells), or None."""
     m = RAY_PREFIX.match(text)
     if m:
         ctx.role = (m["name"] or "").strip() or ctx.role
         ctx.pid = int(m["pid"])
         ctx.host = m["ip"] or ctx.host
-        text = text[m.end() :]
-    else:
-        m = RAY_SYSTEM_PREFIX.match(text)
-        if m:
-            ctx.role = m["src"].split(" ")[0]
-            ctx.host = m["ip"] or ctx.host
-            text = text[m.end() :]
-    m = TORCHRUN_PREFIX.match(text)
-    while m:  # torchrun's `[default0]:` and c10's `[rank0]:` can both stand before a line
+        return text[m.end() :]
+    m = RAY_SYSTEM_PREFIX.match(text)
+    if m:
+        ctx.role = m["src"].split(" ")[0]
+        ctx.host = m["ip"] or ctx.host
+        return text[m.end() :]
+    m = TORCHRUN_PREFIX.match(text) or MPI_PREFIX.match(text)  # `[default0]:`, c10's `[rank0]:`, MPI's rank
+    if m:
         ctx.rank = int(m["rank"])
-        text = text[m.end() :]
-        m = TORCHRUN_PREFIX.match(text)
+        return text[m.end() :]
+    m = QUOTE_PREFIX.match(text) or COUNTER_PREFIX.match(text)
+    if m:
+        return text[m.end() :]
+    m = RUNTIME_TS_PREFIX.match(text)
+    if m:
+        ctx.ts = ctx.ts or parse_timestamp(m[0])
+        return text[m.end() :]
+    m = SRUN_PREFIX.match(text)
+    if m:
+        ctx.rank = ctx.rank if ctx.rank is not None else int(m["rank"])
+        return text[m.end() :]
+    m = HOST_PREFIX.match(text)
+    if m and not NCCL_PREFIX.match(text):
+        ctx.host = m["host"]
+        return text[m.end() :]
+    return None
+
+
+def attribute(line: str, fctx: FileContext) -> LineContext:
+    """Peel the known prefixes off `line`, outermost first and in any order, and say what they tell."""
+    text = ANSI.sub("", line).rstrip("\r\n")
+    ctx = LineContext(body=text, rank=fctx.rank, pid=fctx.pid, host=fctx.host, role=fctx.role)
+    for _ in range(6):  # wrappers nest: `> [1,0]<stderr>: (WorkerDict pid=1) [rank0]: ...`
+        peeled = _peel(text, ctx)
+        if peeled is None:
+            break
+        text = peeled
     m = C10_PREFIX.match(text)
     if m:
         ctx.level = GLOG_LEVEL[m["sev"]]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import polars as pl
@@ -34,7 +34,13 @@ SERIES_SCHEMA: dict[str, pl.DataType] = {
 }
 
 MESSAGE_CAP = 2000
+FAR_FUTURE = datetime(9999, 1, 1, tzinfo=timezone.utc)  # where a finding without a time sorts
 SEVERITIES = ("info", "warning", "error", "critical")
+# `inconclusive`: too little was read to say (empty, unreadable, no training output, stopped without a cause)
+STATUSES = ("failed", "degraded", "healthy", "inconclusive")
+# empty: nothing to read; unreadable: no file could be opened (exit status 2); not_run_output: only
+# documentation, source code or binaries; interrupted: stopped by hand with no failure in the logs
+INCONCLUSIVE_CODES = ("empty", "unreadable", "not_run_output", "interrupted")
 
 
 def severity_rank(severity: str) -> int:
@@ -44,11 +50,12 @@ def severity_rank(severity: str) -> int:
 
 @dataclass(frozen=True)
 class Evidence:
-    """One input line that supports a finding."""
+    """One input line that supports a finding; `facts` are the values its readers extracted (not in the JSON)."""
 
     file: str
     line: int
     text: str
+    facts: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "line": self.line, "text": self.text}
@@ -76,6 +83,11 @@ class Finding:
     symptom_of: tuple[str, ...] = ()
     step: int | None = None
     explanation: str = ""
+    strength: str = "direct"  # what the evidence is: direct (a crash line), measured (a NaN), statistical
+
+    def sort_key(self) -> tuple[datetime, int, int, int]:
+        """Time order, then the position in the input (file, line, sequence) where times are missing."""
+        return (self.ts or FAR_FUTURE, *self.order)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +103,7 @@ class Finding:
             "ts_inferred": self.ts_inferred,
             "step": self.step,
             "count": self.count,
+            "evidence_strength": self.strength,
             "fields": self.fields,
             "explanation": self.explanation,
             "evidence": [e.to_json() for e in self.evidence],
@@ -120,14 +133,27 @@ class Symptom:
         }
 
 
+@dataclass(frozen=True)
+class Inconclusive:
+    """Why a run gets no verdict: `code` for gates and tables, `text` for people."""
+
+    code: str  # one of INCONCLUSIVE_CODES
+    text: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"code": self.code, "text": self.text}
+
+
 @dataclass
 class Verdict:
-    status: str  # failed | degraded | healthy
+    status: str  # one of STATUSES
     root_cause: Finding | None
     confidence: float
     symptoms: list[Symptom]
     candidates: list[Finding]
     summary: str
+    reason: Inconclusive | None = None  # set exactly when the status is `inconclusive`
+    ranking: str = ""  # why the root cause outranked another candidate, when one was earlier or stronger
 
     def to_json(self) -> dict[str, Any]:
         root = None
@@ -152,6 +178,8 @@ class Verdict:
         return {
             "status": self.status,
             "summary": self.summary,
+            "reason": self.reason.to_json() if self.reason else None,
+            "ranking": self.ranking,
             "root_cause": root,
             "symptoms": [s.to_json() for s in self.symptoms],
             "candidates": [{"class": c.cls, "rule": c.rule, "rank": c.rank, "host": c.host} for c in self.candidates],

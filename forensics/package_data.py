@@ -1,4 +1,4 @@
-"""Where the bundled rules and templates live, installed or in a source checkout."""
+"""Where the bundled rules, templates and JSON Schemas live, installed or in a source checkout."""
 
 from __future__ import annotations
 
@@ -20,3 +20,7 @@ def patterns_dir() -> Path:
 
 def templates_dir() -> Path:
     return _first_existing(_PACKAGE / "_data" / "templates", _PACKAGE.parent / "reports" / "templates")
+
+
+def schemas_dir() -> Path:
+    return _first_existing(_PACKAGE / "_data" / "schemas", _PACKAGE.parent / "schemas")

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from forensics.analyses.checks import health_checks
+from forensics.analyses.coverage import nothing_read
 from forensics.analyses.diagnosis import build_findings, diagnose
-from forensics.analyses.dynamics.training import add_detector_findings, detect
+from forensics.analyses.dynamics import detect, dynamics_findings
 from forensics.analyses.enrich import enrich
-from forensics.analyses.flight_recorder import flight_recorder_findings
-from forensics.analyses.ray_cluster import ray_report
+from forensics.analyses.flight_recorder import flight_recorder_detections
+from forensics.analyses.rank_timings import rank_timing_spread
+from forensics.analyses.ray_cluster import ray_summary
 from forensics.analyses.traces import review_traces
-from forensics.discover import SKIPPED, TEXT_LOG, RunFile, discover, quiet_small_files
-from forensics.model import Analysis, FileReport
+from forensics.catalogue import Catalogue
+from forensics.discover import SKIPPED, TEXT_LOG, Run, RunFile, discover, quiet_small_files
+from forensics.metric_semantics import load_vocabulary
+from forensics.model import Analysis, FileReport, Finding
 from forensics.package_data import patterns_dir
-from forensics.rules import Rule, load_rules
+from forensics.rules import load_rules
 from forensics.scan import TextScanner
 from forensics.sources import file_sources, line_extractors
 from forensics.sources.base import FileResult, Sink
@@ -28,13 +31,15 @@ from forensics.textio import return_freed_buffers_to_the_os
 
 @dataclass
 class Options:
-    patterns: list[Path] = field(default_factory=list)  # overlays on the bundled rules
+    patterns: list[Path] = field(default_factory=list)  # overlays on the bundled catalogue
     jobs: int = 0  # threads over files; 0 = one per CPU
 
 
-def load_rule_set(overlays: list[Path]) -> list[Rule]:
-    rules, _ = load_rules([patterns_dir(), *overlays])
-    return rules
+def load_catalogue(overlays: list[Path], text_rules: bool = True) -> Catalogue:
+    """The bundled catalogue with the overlays; without `text_rules` only the detectors' entries (a run
+    without text logs is spared validating every regex)."""
+    entries, _ = load_rules([patterns_dir(), *overlays], detectors_only=not text_rules)
+    return Catalogue(entries)
 
 
 def _read_one(
@@ -63,82 +68,123 @@ def _read_one(
     return sink, report, result
 
 
-def analyze(
-    paths: list[Path], options: Options | None = None, progress: Callable[[str], None] | None = None
-) -> Analysis:
-    """Analyse one run (a folder, a file, or several of them) and return everything learnt."""
-    options = options or Options()
-    return_freed_buffers_to_the_os()
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    run = discover(paths)
-    timings["discover"] = time.perf_counter() - t0
+@dataclass
+class _Read:
+    """What reading every file gave."""
 
-    t1 = time.perf_counter()
-    # only text logs need the rules and the scanner: a run of traces and structured files is spared them
-    has_text = any(f.kind == TEXT_LOG for f in run.files)
-    rules = load_rule_set(options.patterns) if has_text else []
-    scanner = TextScanner(rules, line_extractors()) if has_text else None
-    timings["rules"] = time.perf_counter() - t1
+    reports: list[FileReport]
+    sinks: list[Sink]
+    marks: list[tuple[str, int, int]]
+    warnings: list[str]
+    config: dict
+    environment: dict
+    extras: dict[str, list]
 
-    t1 = time.perf_counter()
-    quiet = quiet_small_files(run.files, scanner.may_match) if scanner is not None else {}
-    results = {f.rel: _read_one(f, scanner, quiet_lines=quiet[f.rel]) for f in run.files if f.rel in quiet}
-    jobs = options.jobs or os.cpu_count() or 1
-    ordered = sorted((f for f in run.files if f.rel not in quiet), key=lambda f: -f.bytes)  # big files first
+
+def _read_all(files: list[RunFile], scanner: TextScanner | None, jobs: int) -> _Read:
+    """Every file, big ones first in a thread pool; small ones that nothing can match are only counted."""
+    quiet = quiet_small_files(files, scanner.may_match) if scanner is not None else {}
+    results = {f.rel: _read_one(f, scanner, quiet_lines=quiet[f.rel]) for f in files if f.rel in quiet}
+    ordered = sorted((f for f in files if f.rel not in quiet), key=lambda f: -f.bytes)
     # a file larger than an even share of the work cannot be balanced by the pool: it reads ahead instead
     fair_share = sum(f.bytes for f in ordered) / jobs
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         done = pool.map(lambda f: _read_one(f, scanner, read_ahead=f.bytes > fair_share), ordered)
         results.update(zip([f.rel for f in ordered], done, strict=True))
-    warnings = list(run.warnings)
-    reports, sinks, marks = [], [], []
-    config: dict = {}
-    environment: dict = {}
-    extras: dict[str, list] = {}
-    for rf in run.files:
+    read = _Read([], [], [], [], {}, {}, {})
+    for rf in files:
         sink, report, result = results[rf.rel]
-        reports.append(report)
-        sinks.append(sink)
-        marks.extend(sink.step_marks)
-        warnings.extend(result.warnings)
-        config.update(result.config)
-        config.update(sink.config)
-        environment.update(result.environment)
-        environment.update(sink.environment)
+        read.reports.append(report)
+        read.sinks.append(sink)
+        read.marks.extend(sink.step_marks)
+        read.warnings.extend(result.warnings)
+        read.config.update(result.config)
+        read.config.update(sink.config)
+        read.environment.update(result.environment)
+        read.environment.update(sink.environment)
         for key, value in result.extras.items():
-            extras.setdefault(key, []).append(value)
-    events, series = Sink.merge(sinks)  # one conversion for all files, not one per file
-    timings["read/scan"] = time.perf_counter() - t1
+            read.extras.setdefault(key, []).append(value)
+    return read
 
-    t2 = time.perf_counter()
-    events = enrich(events)
-    timings["enrich"] = time.perf_counter() - t2
-    t2 = time.perf_counter()
+
+class _Clock:
+    """Seconds per stage, for `--profile`."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self.start = self.last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.timings[stage] = self.timings.get(stage, 0.0) + now - self.last
+        self.last = now
+
+    def total(self) -> dict[str, float]:
+        return {**self.timings, "total": time.perf_counter() - self.start}
+
+
+def analyze(paths: list[Path], options: Options | None = None) -> Analysis:
+    """Analyse one run (a folder, a file, or several of them) and return everything learnt.
+
+    Each stage returns what it adds; nothing is changed behind another stage's back.
+    """
+    options = options or Options()
+    return_freed_buffers_to_the_os()
+    clock = _Clock()
+    with discover(paths) as run:  # an archive's members live in a private folder until this ends
+        return _analyse(run, paths, options, clock)
+
+
+def _analyse(run: Run, paths: list[Path], options: Options, clock: _Clock) -> Analysis:
+    clock.lap("discover")
+
+    # only text logs need the rules and the scanner: a run of traces and structured files is spared them
+    has_text = any(f.kind == TEXT_LOG for f in run.files)
+    catalogue = load_catalogue(options.patterns, text_rules=has_text)
+    scanner = TextScanner(catalogue.rules, line_extractors()) if has_text else None
+    clock.lap("rules")
+
+    read = _read_all(run.files, scanner, options.jobs or os.cpu_count() or 1)
+    events, series = Sink.merge(read.sinks)  # one conversion for all files, not one per file
+    clock.lap("read/scan")
+
+    events, cluster = enrich(events)
+    clock.lap("enrich")
+
     file_order = {rf.rel: i for i, rf in enumerate(run.files)}
-    by_id = {r.id: r for r in rules}
-    findings = build_findings(events, by_id, file_order)
-    findings += flight_recorder_findings(extras.get("flight_recorder", []))
-    findings = add_detector_findings(findings, detect(series, events, marks, file_order, environment, config, warnings))
-    traces = review_traces(extras, file_order, findings, environment, warnings)
-    verdict = diagnose(events, findings, marks, series)
-    ray = ray_report(events, verdict)
-    timings["diagnose"] = time.perf_counter() - t2
-    timings["total"] = time.perf_counter() - t0
+    findings = build_findings(events, catalogue, file_order)
+    findings += catalogue.describe_all(flight_recorder_detections(read.extras.get("flight_recorder", [])))
+    findings += catalogue.describe_all(rank_timing_spread(events, file_order))
+    vocabulary = load_vocabulary(options.patterns)
+    detections, detector_warnings = detect(
+        series, events, read.marks, file_order, read.environment, read.config, vocabulary
+    )
+    findings += dynamics_findings(findings, detections, catalogue)
+    traces = review_traces(read.extras, file_order)
+    findings += catalogue.describe_all(traces.detections)
+    findings.sort(key=Finding.sort_key)
+    environment = {**read.environment, **traces.environment}
+    clock.lap("findings")
+
+    verdict = diagnose(events, findings, read.marks, series, cluster, unread=nothing_read(read.reports))
+    clock.lap("diagnose")
+
+    checks = health_checks(events, series, findings, read.config, environment)
+    clock.lap("checks")
     return Analysis(
         run_path=", ".join(str(p) for p in paths),
         run_name=run.name,
-        files=reports,
+        files=read.reports,
         events=events,
         series=series,
         findings=findings,
         verdict=verdict,
-        checks=health_checks(events, series, findings, config, environment),
-        config=config,
+        checks=checks,
+        config=read.config,
         environment=environment,
-        warnings=warnings,
-        timings=timings,
-        extras=extras,
-        ray=ray,
-        traces=traces,
+        warnings=[*run.warnings, *read.warnings, *detector_warnings, *traces.warnings],
+        timings=clock.total(),
+        extras=read.extras,
+        ray=ray_summary(cluster),
+        traces=traces.summary,
     )

@@ -38,15 +38,28 @@ from forensics.prefilter import Literals, literal_finder, owned_lines, required_
 from forensics.rules.model import USER_REGEX_TIMEOUT_S, Rule
 from forensics.sources.base import BatchLines, Hit, LineExtractor, LineRecord, Sink
 from forensics.textio import LineBatch, iter_line_batches, open_binary, prefetched, read_problem
+from forensics.tracebacks import cut_traceback
 
 PAIRS_IN_PYTHON_MAX = 64  # a batch with at most this many (line, pattern) pairs to try,
 SHORT_LINE_BYTES = 2048  # on lines no longer than this, tries them in Python (no backtracking risk to speak of)
 MAX_HITS_PER_FILE = 200_000  # distinct matching lines; past them a file is counted, not read, with a warning
 LOOKBACK_LINES = 64  # how far above an undated error its time is looked for (a long traceback fits)
+CUT_TRACEBACK_LINES = 200  # the last lines of a file read for a traceback cut before its exception line
+CUT_TAIL_BYTES = 4096  # the end of a small file searched for a frame before it is skipped as matching nothing
+FRAME_TEXT = '", line '  # in every traceback frame: `File "x.py", line 12, in f`
+FRAME_MARK = FRAME_TEXT.encode()
+CUT_LAST_FRAME_LINES = 8  # how close to the end of a file the last frame of a cut traceback is
 RULE_TIME_BUDGET_S = 10.0  # Python time one rule may spend on its matching lines before it is switched off
-# What tells repeats apart (see _repeat_groups): the line's prefixes (Ray actor, torchrun rank), the pid of a
-# Ray C++ log line, NCCL's host:pid, a rank named in the text; the rest is compared with its numbers masked.
-ORIGIN = r"^(?:\x1b\[[0-9;?]*[A-Za-z]|\([^()]*\)|[ \t])*(?:\[(?:default|rank)[0-9]+\]:[ \t]?)*"
+# What tells repeats apart (see _repeat_groups): the line's prefixes (Ray actor; torchrun, MPI and srun ranks; a
+# host), the pid of a Ray C++ log line, NCCL's host:pid, a rank named in the text; the rest is compared with its
+# numbers masked. ORIGIN takes every prefix `attribute` may peel (line_prefixes.ANY_PREFIX, in ASCII classes), and
+# more where they look alike; a log viewer's line counter and a container runtime's time in it are masked.
+ORIGIN = (
+    r"^(?:\x1b\[[0-9;?]*[A-Za-z]|\[[0-9;]*m|\([^()]*\)|[ \t]|>+|\[(?:default|rank)[0-9]+\]:"
+    r"|\[[0-9]+,[0-9]+\]<(?:stdout|stderr)>:|\[[0-9]{1,9}\] |[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z "
+    r"|[A-Za-z0-9][A-Za-z0-9_.-]{0,62}: )*"
+)
+ORIGIN_NOISE = r"\[[0-9]{1,9}\] |[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z "
 NCCL_ORIGIN = r"[^: \t]+:[0-9]+:[0-9]+ (?:\[[0-9]+\] )?.*?NCCL "
 RAY_LOG_PID = r"^\[[^\]]*? [IWEFDC] ([0-9]+) [0-9]+\]"  # Ray's C++ logs: `[ts I pid tid]`
 RANK_NAMED = rust_form(RANK_IN_MESSAGE.pattern).replace(r"\d", "[0-9]")
@@ -54,11 +67,11 @@ NUMBERS = r"0x[0-9a-fA-F]+|[0-9]+"
 
 
 SHAPES_IN_PYTHON_MAX = 64  # fewer lines than this are keyed in Python: a polars call costs ~0.2 ms
-_SHAPE_PARTS = [
-    (re.compile(ORIGIN), 0),
-    (re.compile(RAY_LOG_PID), 1),
-    (re.compile(NCCL_ORIGIN), 0),
-    (re.compile(RANK_NAMED), 0),
+_SHAPE_PARTS = [  # (pattern, group, what of it is masked)
+    (re.compile(ORIGIN), 0, re.compile(ORIGIN_NOISE)),
+    (re.compile(RAY_LOG_PID), 1, None),
+    (re.compile(NCCL_ORIGIN), 0, None),
+    (re.compile(RANK_NAMED), 0, None),
 ]
 _NUMBERS = re.compile(NUMBERS)
 
@@ -71,22 +84,21 @@ def _shapes(batch: LineBatch, rows: list[int]) -> list[str]:
     """
     if len(rows) < SHAPES_IN_PYTHON_MAX:
         texts = [batch.text(row) for row in rows]
-        return ["\x1f".join([*(_first(p, g, t) for p, g in _SHAPE_PARTS), _NUMBERS.sub("#", t)]) for t in texts]
+        return ["\x1f".join([*(_first(*part, t) for part in _SHAPE_PARTS), _NUMBERS.sub("#", t)]) for t in texts]
     line = pl.col("line")
-    key = pl.concat_str(
-        [
-            *(line.str.extract(p.pattern, g).fill_null("") for p, g in _SHAPE_PARTS),
-            line.str.replace_all(NUMBERS, "#"),
-        ],
-        separator="\x1f",
-    )
+    parts = []
+    for pattern, group, noise in _SHAPE_PARTS:
+        part = line.str.extract(pattern.pattern, group).fill_null("")
+        parts.append(part.str.replace_all(noise.pattern, "#") if noise is not None else part)
+    key = pl.concat_str([*parts, line.str.replace_all(NUMBERS, "#")], separator="\x1f")
     lines = batch.lines.gather(np.array(rows, dtype=np.int64)).str.strip_chars_end("\r\n")
     return pl.DataFrame({"line": lines}).select(key).to_series().to_list()
 
 
-def _first(pattern: re.Pattern, group: int, text: str) -> str:
+def _first(pattern: re.Pattern, group: int, noise: re.Pattern | None, text: str) -> str:
     m = pattern.search(text)
-    return (m.group(group) or "") if m else ""
+    found = (m.group(group) or "") if m else ""
+    return noise.sub("#", found) if noise is not None and found else found
 
 
 _ANY_LINE = re.compile("")
@@ -127,9 +139,23 @@ def _rule_pattern(rule: Rule, index: int) -> _Pattern:
 def _extractor_pattern(extractor: LineExtractor) -> _Pattern:
     literals = required_literals(extractor.trigger)
     folds = re.compile(extractor.folds) if extractor.folds is not None else None
-    return _Pattern(
-        prefilter_form(extractor.trigger), None, extractor, literals, folds, _python_search(extractor.trigger)
-    )
+    search = _python_search(extractor.trigger)
+    if extractor.requires is not None:  # Python tells a few lines apart with both (or leaves them to the handler)
+        search = _both(search, _python_search(extractor.requires))
+    return _Pattern(prefilter_form(extractor.trigger), None, extractor, literals, folds, search)
+
+
+def _both(
+    first: Callable[[str], object] | None, second: Callable[[str], object] | None
+) -> Callable[[str], object] | None:
+    """A search that finds a line when both do; None (Rust reads it) when either is Rust's only."""
+    if first is None or second is None:
+        return None
+
+    def search(line: str) -> object:
+        return True if first(line) is not None and second(line) is not None else None
+
+    return search
 
 
 def _python_search(pattern: str) -> Callable[[str], object] | None:
@@ -151,6 +177,8 @@ class TextScanner:
             patterns.extend(_rule_pattern(rule, i) for i in range(len(rule.match)))
         self.patterns = patterns
         self.rules = rules
+        self.families = [r for r in rules if r.is_family]
+        self._class_of = {r.id: r.cls for r in rules}
         keys = {(s, p.literals.icase) for p in patterns if p.literals is not None for s in p.literals.strings}
         self.finder = literal_finder(keys)
         # literal -> indexes of the patterns that need it; patterns without literals are tried on every line
@@ -163,6 +191,11 @@ class TextScanner:
         self._always = [i for i, p in enumerate(patterns) if p.literals is None]
         self.unfiltered = "(?m)" + "|".join(f"(?:{patterns[i].rust})" for i in self._always) if self._always else None
         self._regexes = pl.Series("regex", [f"(?m){p.rust}" for p in patterns], dtype=pl.String)
+        self._requires = {  # pattern -> the second regex its lines must match (LineExtractor.requires)
+            i: f"(?m){prefilter_form(p.extractor.requires)}"
+            for i, p in enumerate(patterns)
+            if p.extractor is not None and p.extractor.requires is not None
+        }
         self._reads_batches = [p.extractor is not None and p.extractor.handle_batch is not None for p in patterns]
         self._rule_seconds: dict[str, float] = {}
         self.disabled: dict[str, tuple[str, str]] = {}  # rule id -> (file that tripped it, warning)
@@ -177,11 +210,13 @@ class TextScanner:
         warnings: list[str] = []
         lines = 0
         file = _FileScan(rel, fctx, sink)
+        last: LineBatch | None = None
         try:
             with open_binary(path) as stream:
                 batches = iter_line_batches(stream)
                 for batch in prefetched(batches) if read_ahead else batches:
                     lines = batch.first_line + len(batch.lines) - 1
+                    last = batch
                     if file.handled < MAX_HITS_PER_FILE:
                         self._scan_batch(batch, file)
                         if file.handled >= MAX_HITS_PER_FILE:
@@ -189,6 +224,8 @@ class TextScanner:
                                 f"{rel}: over {MAX_HITS_PER_FILE} distinct matching lines; the rest were counted, "
                                 "not read"
                             )
+                if last is not None:
+                    self._traceback_cut_at_end(last, rel, fctx, sink)
                 problem = read_problem(stream)
                 if problem:
                     warnings.append(f"{rel}: {problem}; the {lines:,} lines before it were read")
@@ -220,6 +257,10 @@ class TextScanner:
         else:
             pairs = pl.DataFrame({"line": batch.lines.gather(rows), "regex": self._regexes.gather(tried)})
             matched = pairs.select(pl.col("line").str.contains(pl.col("regex"))).to_series().to_numpy()
+            for index, regex_ in self._requires.items():  # and, for an extractor that requires more, that too
+                picked = np.flatnonzero(matched & (tried == index))
+                if len(picked):
+                    matched[picked] = batch.lines.gather(rows[picked]).str.contains(regex_).to_numpy()
         found: dict[int, list[int]] = {}
         for row, pattern in zip(rows[matched].tolist(), tried[matched].tolist(), strict=True):
             found.setdefault(row, []).append(pattern)
@@ -230,7 +271,7 @@ class TextScanner:
 
         A search can only match more of a whole text than of its lines one by one, so none is missed.
         """
-        found = self.finder.any_in(texts)
+        found = [hit or _may_end_in_traceback(text) for hit, text in zip(self.finder.any_in(texts), texts, strict=True)]
         if self.unfiltered is None or not texts:
             return found
         unfiltered = text_column(texts).str.contains(self.unfiltered).to_list()
@@ -297,12 +338,21 @@ class TextScanner:
             self._count_repeats(batch, row, key, file)
 
     def _repeats_fold(self, batch: LineBatch, row: int, found: list[int]) -> bool:
-        """Whether every pattern the line matched lets its repeats be counted into one event."""
+        """Whether every pattern the line matched lets its repeats be counted into one event (and none reads
+        the line above it, as it stands there)."""
         conditions = [self.patterns[i].folds for i in found]
         if any(c is None for c in conditions):
             return False
         text = batch.text(row) if any(c.pattern for c in conditions) else ""  # type: ignore[union-attr]
-        return all(c.match(text) for c in conditions)  # type: ignore[union-attr]
+        if not all(c.match(text) for c in conditions):  # type: ignore[union-attr]
+            return False
+        readers = [e.reads_line_above for i in found if (e := self.patterns[i].extractor) and e.reads_line_above]
+        if not readers:
+            return True
+        if row == 0:  # the first line of the file has none above; else the line above is not in this batch
+            return batch.first_line == 1
+        above = batch.text(row - 1)
+        return not any(reads(above) for reads in readers)
 
     def _read_in_bulk(
         self, batch: LineBatch, file: _FileScan, index: int, rows: list[tuple[int, list[int]]]
@@ -311,7 +361,8 @@ class TextScanner:
         not read (with all their patterns), those it read that other patterns matched too (with those)."""
         extractor = self.patterns[index].extractor
         assert extractor is not None and extractor.handle_batch is not None
-        shared = np.array([row for row, found in rows if len(found) > 1], dtype=np.int64)
+        others = {row: [i for i in patterns if i != index and not self._yields(i, extractor)] for row, patterns in rows}
+        shared = np.array([row for row, _ in rows if others[row]], dtype=np.int64)
         found = BatchLines(file.rel, batch, np.array([row for row, _ in rows], dtype=np.int64), file.fctx, shared)
         read = extractor.handle_batch(found, file.sink)
         left = set(read.left.tolist())
@@ -319,10 +370,14 @@ class TextScanner:
         for row, patterns in rows:
             if row in left:
                 out.append((row, patterns, None, None))
-            elif len(patterns) > 1:
-                others = [i for i in patterns if i != index]
-                out.append((row, others, None, _Preset(extractor, read.fields.get(row, {}))))
+            elif others[row]:
+                out.append((row, others[row], None, _Preset(extractor, read.fields.get(row, {}))))
         return out
+
+    def _yields(self, index: int, reader: LineExtractor) -> bool:
+        """Whether pattern `index` is an extractor that reads nothing of the lines `reader` reads in bulk."""
+        extractor = self.patterns[index].extractor
+        return extractor is not None and reader.name in extractor.yields_to
 
     def _repeat_groups(
         self, batch: LineBatch, lines: list[tuple[int, list[int]]]
@@ -374,6 +429,8 @@ class TextScanner:
                     self._within_budget(pattern.rule, where, lambda rule=pattern.rule: self._apply_rule(rule, rec))
                 except TimeoutError:
                     self._disable(pattern.rule, where, f"its regex timed out (over {USER_REGEX_TIMEOUT_S:g} s) on")
+        if rec.kind == "exception" and self.families and not rec.fields.get("retried"):
+            self._apply_families(rec)
         if hit.ctx.ts is not None:
             earlier.seen(hit.index, hit.ctx.ts)
         elif rec.rules or rec.level in ("error", "critical"):
@@ -384,6 +441,36 @@ class TextScanner:
             sink.record(rec, repeat_key=key)
             return True
         return False
+
+    def _traceback_cut_at_end(self, batch: LineBatch, rel: str, fctx: FileContext, sink: Sink) -> None:
+        """A file that ends inside a traceback (a paste cut short, a process killed while printing) still says an
+        exception was raised, and where: its last frames become an exception event of unknown class, which the
+        exception families whose frames alone are telling may claim, and the diagnosis's fallback may name."""
+        end = len(batch.lines)
+        if not any(FRAME_TEXT in batch.text(i) for i in range(max(batch.own_start, end - CUT_LAST_FRAME_LINES), end)):
+            return  # the last frame of a cut traceback is among the last lines: its source, carets, a cut name follow
+        start = max(batch.own_start, end - CUT_TRACEBACK_LINES)
+        tail = [batch.text(i) for i in range(start, end)]
+        cut = cut_traceback(tail, lambda text: attribute(text, fctx).body)
+        if cut is None:
+            return
+        index = start + cut[0]
+        text = batch.text(index)
+        hit = Hit(rel, batch.line_number(index), text, attribute(text, fctx), batch, index, fctx)
+        rec = LineRecord(hit, kind="exception", source="python", level="error")
+        frames = cut[1].frames
+        rec.fields.update(
+            exception="",
+            truncated=True,
+            raised_at=frames[-1].to_json(),
+            frames=[f"{f.file}:{f.func}" for f in frames[-20:]],
+        )
+        if self.families:
+            self._apply_families(rec)
+        if hit.ctx.ts is None:
+            hit.ctx.ts = _EarlierTimestamps(batch, fctx).before(index)
+            rec.ts_inferred = hit.ctx.ts is not None
+        sink.record(rec)
 
     def _within_budget(self, rule: Rule, where: tuple[str, int], work: Callable[[], object]) -> object:
         """Run a rule's Python regex work, switching the rule off once it has used RULE_TIME_BUDGET_S.
@@ -406,6 +493,35 @@ class TextScanner:
             "it was switched off for the rest of this analysis"
         )
         self.disabled.setdefault(rule.id, (where[0], message))
+
+    def _apply_families(self, rec: LineRecord) -> None:
+        """The exception families an exception line belongs to (its innermost class, module, message, frames).
+
+        A family whose class a text rule already named on the line adds nothing (the text rule is the more
+        specific reading, with the values it extracts). A wrapper (`RayTaskError(X)`) is matched as X, with the
+        module and message of X's own line when its printout shows it, and none otherwise: the wrapper's module
+        and message say nothing about X.
+        """
+        named = {self._class_of.get(rule_id) for rule_id in rec.rules}
+        f = rec.fields
+        cls = f.get("cause") or f["exception"]
+        module, message = (
+            (f.get("cause_module", ""), f.get("cause_message", ""))
+            if f.get("cause")
+            else (f.get("exception_module", ""), f.get("exception_message", ""))
+        )
+        for family in self.families:
+            if family.id in rec.rules or family.id in self.disabled or family.cls in named:
+                continue
+            try:
+                hit = family.exception.matches(cls, module, message, f.get("frames", []))
+            except TimeoutError:
+                self._disable(
+                    family, (rec.hit.file, rec.hit.line), f"its regex timed out (over {USER_REGEX_TIMEOUT_S:g} s) on"
+                )
+                continue
+            if hit:
+                rec.rules.append(family.id)
 
     @staticmethod
     def _apply_rule(rule: Rule, rec: LineRecord) -> None:
@@ -473,6 +589,11 @@ class _EarlierTimestamps:
         if self.last is not None and self.last[0] >= reach:
             return self.last[1]
         return None
+
+
+def _may_end_in_traceback(text: bytes) -> bool:
+    """Whether a text's last lines hold a traceback frame (it may end in a traceback cut before its exception)."""
+    return FRAME_MARK in text[-CUT_TAIL_BYTES:]
 
 
 def _with_year(fctx: FileContext, path: Path) -> FileContext:

@@ -51,6 +51,17 @@ _MAGIC = {
 }
 
 
+COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
+
+
+def without_compression_suffix(name: str) -> str:
+    """`metrics.jsonl.gz` -> `metrics.jsonl`: what a compressed file holds, by its name."""
+    for suffix in COMPRESSION_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
 def compression_of(head: bytes) -> str | None:
     for magic, name in _MAGIC.items():
         if head.startswith(magic):

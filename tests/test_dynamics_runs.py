@@ -1,13 +1,11 @@
-"""Captured 2-GPU runs (scripts/capture/train.py under torchrun on H200s): each gets the verdict its
-injected fault calls for, and the healthy one stays healthy. Expectations live in expected.yaml."""
+"""Captured 2-GPU runs (scripts/capture/train.py under torchrun on H200s): what their reports say beyond the
+verdict (tests/test_fixture_runs.py checks every run against its expected.yaml)."""
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 from functools import cache
 
-import pytest
 import yaml
 
 from forensics.model import Analysis
@@ -17,7 +15,6 @@ from forensics.report.html import render_html
 from tests.conftest import FIXTURES
 
 RUNS = FIXTURES / "runs"
-FAULTS = ["lr_divergence", "lr_oscillation", "nan_injection", "leak_oom", "slow_rank"]
 
 
 @cache
@@ -27,13 +24,6 @@ def _analysis(name: str) -> Analysis:
 
 def _expected(name: str) -> dict:
     return yaml.safe_load((RUNS / name / "expected.yaml").read_text(encoding="utf-8"))
-
-
-def _fired(a: Analysis) -> Counter:
-    counts: Counter = Counter()
-    for f in a.findings:
-        counts[f.rule] += f.count
-    return counts
 
 
 def test_healthy_run_raises_no_alarm_and_passes_the_checklist():
@@ -53,7 +43,9 @@ def test_healthy_run_raises_no_alarm_and_passes_the_checklist():
     # rank 0's own stdout (torchrun --log-dir) holds the same step lines as the tee'd console, with the rank
     samples = {f.path: f.samples for f in a.files}
     assert samples["torchrun_logs/none_zhvhbcke/attempt_0/0/stdout.log"] == samples["driver.log"] > 1000
-    assert a.series.filter(a.series["source"] == "verl_console")["rank"].unique().to_list() == [0]
+    # ...and the file logger holds them at full precision: one sample per step and metric, from the JSONL
+    pg_loss = a.series.filter(a.series["metric"] == "actor/pg_loss")
+    assert pg_loss.height == 80 and pg_loss["source"].unique().to_list() == ["verl_file_logger"]
 
 
 def test_check_command_prints_the_checklist():
@@ -61,44 +53,19 @@ def test_check_command_prints_the_checklist():
 
     from forensics.cli import main
 
-    result = CliRunner().invoke(main, ["check", str(RUNS / "slow_rank"), "--json"])
+    result = CliRunner().invoke(main, ["check", str(RUNS / "slow_rank"), "--json", "-"])
     assert result.exit_code == 0, result.output
-    checks = {c["name"]: c for c in json.loads(result.output)}
+    checks = {c["name"]: c for c in json.loads(result.output)["checks"]}
     assert checks["Throughput stability"]["status"] == "warn"
     assert checks["NVIDIA driver"]["value"] == "580.159.04"
     table = CliRunner().invoke(main, ["check", str(RUNS / "healthy")])
     assert table.exit_code == 0 and "Batch sizes" in table.output and "pass" in table.output
 
 
-@pytest.mark.parametrize("name", FAULTS)
-def test_fault_run_verdict_and_exactly_the_expected_findings(name):
-    """tests/test_fixture_runs.py checks these runs too (at least the listed rules); here nothing else fires."""
-    a, want = _analysis(name), _expected(name)
-    rc = a.verdict.root_cause
-    assert a.verdict.status == want["status"]
-    root = want["root_cause"]
-    assert (rc.cls, rc.rule, rc.rank, rc.step) == (root["class"], root["rule"], root["rank"], root["step"])
-    assert dict(_fired(a)) == want["rules"]
-    checks = {c["name"]: c["status"] for c in a.checks}
-    assert {k: checks[k] for k in want.get("checks", {})} == want.get("checks", {})
-
-
-@pytest.mark.parametrize("name", FAULTS)
-def test_detector_findings_cover_the_right_steps(name):
-    a, want = _analysis(name), _expected(name)
-    by_rule = {f.rule: f for f in a.findings}
-    for rule, fields in want.get("detectors", {}).items():
-        finding = by_rule[rule]
-        assert finding.explanation, rule
-        for key, value in fields.items():
-            actual = finding.rank if key == "rank" else finding.fields[key]
-            assert actual == value, (rule, key)
-
-
 def test_leak_report_names_the_step_the_oom_was_heading_for():
     a = _analysis("leak_oom")
     rc = a.verdict.root_cause
-    assert rc.fields["projected_step"] == rc.step == 24
+    assert rc.fields["projected_step"] == rc.step == _expected("leak_oom")["root_cause"]["projected_step"]
     assert rc.fields["precursor"] == "memory-growth"
     assert "6 GiB per step" in rc.explanation and "out-of-memory failure at step 24" in rc.explanation
     assert "GPU 1 peaked" in rc.explanation

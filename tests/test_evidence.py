@@ -11,8 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from forensics.analyses.evidence import oom_case, parse_oom, renaming, shape_diff
-from forensics.pipeline import analyze
+from forensics.analyses.explain.checkpoint import renaming, shape_diff
+from forensics.analyses.explain.cuda_oom import OomBudget, oom_budget, oom_case
+from forensics.pipeline import analyze, load_catalogue
+
+CUDA_OOM = load_catalogue([]).entry("cuda-oom")
+
+
+def parse_oom(line: str) -> OomBudget | None:
+    """The budget of an OOM line as the analysis gets it: the rule's extracted fields, read by the explain room."""
+    return oom_budget(CUDA_OOM.extract_fields([line]))
+
 
 CURRENT_OOM = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.15 GiB. GPU 0 has a total capacity of "
@@ -138,7 +147,7 @@ def test_innermost_ray_task_is_named_with_its_host(tmp_path):
         ],
     )
     root = result.verdict.root_cause
-    assert root is not None and root.rule == "ray-wrapped-oom"
+    assert root is not None and root.rule == "out-of-memory-error"  # no remote traceback: taken for torch's
     assert root.evidence[0].line == 4 and root.host == "10.0.0.7"
     assert "WorkerDict.actor_rollout_update_actor (pid 22 on 10.0.0.7)" in root.explanation
     assert "re-raised by TaskRunner.run" in root.explanation
@@ -160,7 +169,10 @@ def test_host_oom_explains_the_wrapped_oom_and_the_dead_actor(tmp_path):
     )
     v = result.verdict
     assert v.root_cause is not None and v.root_cause.cls == "host_oom"
-    assert {s.cls for s in v.symptoms} == {"cuda_oom", "ray_actor_died"}
+    # the wrapper's printout ends with Ray's OutOfMemoryError: a host-memory kill, not a CUDA OOM symptom
+    assert {s.cls for s in v.symptoms} == {"host_oom", "ray_actor_died"}
+    wrapper = next(f for f in result.findings if f.evidence[0].line == 1)
+    assert (wrapper.rule, wrapper.cls) == ("ray-out-of-memory-error", "host_oom")
     assert "59.84 GB of 62.51 GB" in v.root_cause.explanation and v.root_cause.host == "10.0.0.1"
 
 

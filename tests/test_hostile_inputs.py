@@ -28,7 +28,7 @@ import forensics.pipeline as analyze_module
 from forensics import textio
 from forensics.cli import main
 from forensics.discover import discover, quiet_small_files
-from forensics.pipeline import analyze, load_rule_set
+from forensics.pipeline import analyze, load_catalogue
 from forensics.report.figures import figures
 from forensics.report.html import MAX_FILE_ROWS, render_html
 from forensics.report.json_report import dumps, to_json_dict
@@ -37,6 +37,7 @@ from forensics.scan import TextScanner
 from forensics.sources import line_extractors
 from tests.conftest import REPO
 from tests.hostile import OOM_LINE, nccl_info_lines, tree_state, write_gzip_bomb
+from tests.schemas import validate
 
 FLOOD_LINES = int(os.environ.get("FORENSICS_FLOOD_LINES", "200000"))  # the one-off long run uses 10,000,000
 REPORT_LIMIT_BYTES = 5 * 1024**2
@@ -45,7 +46,7 @@ REPORT_LIMIT_BYTES = 5 * 1024**2
 def _json(run: Path) -> dict:
     result = CliRunner().invoke(main, ["analyze", str(run), "--no-html", "--json", "-", "-q"])
     assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+    return validate(json.loads(result.stdout))
 
 
 def _file(doc: dict, path: str) -> dict:
@@ -191,7 +192,7 @@ def test_half_written_jsonl_keeps_the_complete_records(tmp_path):
     doc = _json(run)
     assert doc["metrics"]["actor/pg_loss"]["last_step"] == 3
     assert doc["metrics"]["actor/pg_loss"]["last"] == 0.3
-    assert "proj/exp.jsonl: 1 line(s) were not valid file-logger records and were skipped" in doc["warnings"]
+    assert "proj/exp.jsonl: 1 line(s) were not metric records (JSON objects with a step); skipped" in doc["warnings"]
 
 
 def test_corrupt_sqlite_does_not_stop_the_analysis(tmp_path):
@@ -428,7 +429,7 @@ def test_undecodable_file_names_and_lone_surrogates_reach_every_output(tmp_path)
 
 def test_skipping_small_files_that_match_nothing_changes_no_result(monkeypatch):
     """quiet_small_files only saves time: runs of many small files give the same result with and without it."""
-    may_match = TextScanner(load_rule_set([]), line_extractors()).may_match
+    may_match = TextScanner(load_catalogue([]).rules, line_extractors()).may_match
     fixtures = [REPO / "tests" / "fixtures" / "runs" / name for name in ("healthy", "sigkill", "ray_worker_sigkill")]
     skipped = 0
     for run in [*fixtures, REPO / "examples" / "oom_then_timeout"]:

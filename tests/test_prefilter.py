@@ -5,14 +5,14 @@ import re
 import polars as pl
 import pytest
 
-from forensics.pipeline import load_rule_set
+from forensics.pipeline import load_catalogue
 from forensics.prefilter import Literals, literal_searches, required_literals
 from forensics.sources import line_extractors
 
 
 def _bundled_patterns() -> list[str]:
     found = [e.trigger for e in line_extractors()]
-    found += [clause.regex for rule in load_rule_set([]) for clause in rule.match]
+    found += [clause.regex for rule in load_catalogue([]).rules for clause in rule.match]
     return found
 
 
@@ -79,7 +79,7 @@ def test_literals_are_in_every_real_line_a_bundled_pattern_matches(corpus):
 
 
 def test_literals_are_in_every_rule_example_that_matches():
-    for rule in load_rule_set([]):
+    for rule in load_catalogue([]).rules:
         for example in rule.examples_match:
             for clause in rule.match:
                 if clause.compiled.search(example):

@@ -86,3 +86,46 @@ def test_a_workers_exception_flood_folds_but_a_drivers_chains_keep_their_tasks(t
     assert [f["repeats"]["count"] for f in reset] == [500]
     oom = [f for f in fields if f["exception"] == "OutOfMemoryError"]
     assert [f.get("task_pid") for f in oom] == [101, 202]
+
+
+def test_repeats_under_other_ranks_wrappers_stay_apart(tmp_path):
+    """MPI's `[1,R]<stdout>:` and srun's `R: ` name the rank that printed a line: its repeats are counted per rank."""
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [f"[1,{rank}]<stdout>: {_spill(i, 42)}" for i in range(6) for rank in (0, 1)]
+    lines += [f"{rank}: {_spill(i, 42)}" for i in range(6) for rank in (2, 3)] + [OOM]
+    (run / "mpi.log").write_text("\n".join(lines) + "\n")
+    a = analyze([run])
+    events = a.events.filter(pl.col("fields").str.contains('"ray-object-spilling"', literal=True))
+    counts = {row["rank"]: json.loads(row["fields"])["repeats"]["count"] for row in events.iter_rows(named=True)}
+    assert counts == {0: 6, 1: 6, 2: 6, 3: 6}
+
+
+def test_an_exception_below_a_traceback_or_a_retry_report_is_read_on_its_own(tmp_path):
+    """Its event reads the lines above it (frames, Ray's report of a retried attempt): only a bare repeat, below an
+    ordinary line, is counted into an earlier bare one's event; a failure is never counted into a retried attempt,
+    nor one with its own traceback into a bare one."""
+    run = tmp_path / "run"
+    run.mkdir()
+    attempt = [
+        "(raylet) Task f failed. There are 1 retries remaining, so the task will be retried. Error: User exception:",
+        "ray::f() (pid=9054, ip=192.0.2.2)",
+        '  File "/app/reward.py", line 442, in f',
+        "ConnectionError: HTTPConnectionPool(host='127.0.0.1', port=8000): Max retries exceeded",
+    ]
+    failure = [
+        "Traceback (most recent call last):",
+        '  File "/app/main.py", line 12, in main',
+        "ConnectionError: HTTPConnectionPool(host='127.0.0.1', port=8000): Max retries exceeded",
+    ]
+    bare = ["INFO driver: reward server still down", attempt[-1]] * 3
+    worker = "(WorkerDict pid=8667, ip=192.0.2.2) "  # a worker's lines: a driver's exceptions are never folded
+    (run / "driver.log").write_text("\n".join(worker + line for line in attempt + bare + failure) + "\n")
+    events = analyze([run]).events.filter(pl.col("kind") == "exception")
+    got = [(row["line"], json.loads(row["fields"])) for row in events.iter_rows(named=True)]
+    assert [(line, f.get("retried", False), f.get("repeats", {}).get("count", 1)) for line, f in got] == [
+        (4, True, 1),
+        (6, False, 3),
+        (13, False, 1),
+    ]
+    assert got[2][1]["frames"] == ["/app/main.py:main"]

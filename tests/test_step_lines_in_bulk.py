@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from forensics.line_prefixes import attribute, file_context
-from forensics.pipeline import analyze, load_rule_set
+from forensics.pipeline import analyze, load_catalogue
 from forensics.scan import TextScanner
 from forensics.sources import line_extractors
 from forensics.sources.base import Sink
@@ -36,6 +36,15 @@ PREFIX = st.sampled_from(
         "(raylet) ",
         "(Actor-x pid=7) ",  # a name the bulk reader leaves to the line reader
         "2025-10-16 02:08:01,120 ",  # a time: left to the line reader
+        # wrappers `attribute` peels too (left to the line reader), and colour codes that lost their ESC
+        "[1,3]<stderr>: (TaskRunner pid=1) ",
+        "> (TaskRunner pid=1) ",
+        "12: ",
+        "node7: [rank2]:",
+        "[80746] ",
+        "2025-10-16T02:08:01.120Z ",
+        "[36m(TaskRunner pid=16292)[0m ",
+        "[rank1]:[rank1]:[rank1]:[rank1]:[rank1]:[rank1]:[rank2]:",  # past the six prefixes `attribute` peels
     ]
 )
 SUFFIX = st.sampled_from(["", " ", " [repeated 2x across cluster]", " - oddkey with space:1", " - a:b:1"])
@@ -66,7 +75,7 @@ def _line_by_line(lines: list[str], rel: str) -> list[tuple]:
 
 @functools.cache
 def _scanner() -> TextScanner:
-    return TextScanner(load_rule_set([]), line_extractors())
+    return TextScanner(load_catalogue([]).rules, line_extractors())
 
 
 def _scanned(tmp_path, lines: list[str], rel: str) -> list[tuple]:
@@ -117,6 +126,14 @@ def test_a_hard_wrapped_step_line_is_still_joined(tmp_path):
     lines = ["(TaskRunner pid=1) step:3 - actor/pg_loss:0.1 - critic", "(TaskRunner pid=1) /rewards/min:-1.0"]
     got = _scanned(tmp_path, lines, "driver.log")
     assert got == [("actor/pg_loss", 3, None, 0.1), ("critic/rewards/min", 3, None, -1.0)]
+
+
+def test_a_rest_wrapped_behind_another_prefix_is_still_joined(tmp_path):
+    """The bulk reader leaves a step line whose next line may be its rest to the line reader, whatever prefixes
+    `attribute` would peel off that next line (here a quoted paste's `> `)."""
+    lines = ["(TaskRunner pid=1) step:3 - actor/pg_loss:0.1", "> (TaskRunner pid=1) - critic/score:0.5"]
+    got = _scanned(tmp_path, lines, "driver.log")
+    assert got == [("actor/pg_loss", 3, None, 0.1), ("critic/score", 3, None, 0.5)]
 
 
 def test_a_diverged_run_keeps_its_nan_finding_and_every_sample_on_long_lines(tmp_path):

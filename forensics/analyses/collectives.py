@@ -65,13 +65,14 @@ def rank_waits(events: pl.DataFrame) -> dict[int, RankWait]:
         if pg and fields.get("seq") is not None:
             w.pgs.setdefault(int(fields["seq"]), pg["pg"])
         if row["kind"] == "watchdog_timeout":
-            w.seqs.setdefault(int(fields["seq"]), str(fields.get("op")))
+            if fields.get("seq") is not None:  # Gloo's timeouts name no collective
+                w.seqs.setdefault(int(fields["seq"]), str(fields.get("op")))
             w.evidence.append(Evidence(row["file"], row["line"], row["message"]))
             if row["ts"] is not None and fields.get("ran_ms") is not None:
                 start = row["ts"] - timedelta(milliseconds=int(fields["ran_ms"]))
                 w.stall_start = min(w.stall_start or start, start)
             if row["ts"] is not None and (w.first_timeout is None or row["ts"] < w.first_timeout):
-                w.first_timeout, w.first_seq = row["ts"], int(fields["seq"])
+                w.first_timeout, w.first_seq = row["ts"], fields.get("seq")
                 w.timeout_ms = fields.get("timeout_ms")
         if fields.get("last_enqueued") is not None:
             w.last_enqueued = max(w.last_enqueued if w.last_enqueued is not None else -1, fields["last_enqueued"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from forensics.analyses.ray_cluster import align_echo_times, attribute_events, build_cluster
+from forensics.analyses.ray_cluster import RayCluster, align_echo_times, attribute_events, build_cluster
 
 
 def pid_rank_map(events: pl.DataFrame) -> pl.DataFrame:
@@ -57,7 +57,8 @@ def infer_times(events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def enrich(events: pl.DataFrame) -> pl.DataFrame:
+def enrich(events: pl.DataFrame) -> tuple[pl.DataFrame, RayCluster]:
+    """The completed events, and the Ray cluster map they were completed with (built once per run)."""
     cluster = build_cluster(events)
     events = infer_times(fill_ranks(attribute_events(events, cluster)))
-    return align_echo_times(events, cluster)
+    return align_echo_times(events, cluster), cluster

@@ -12,67 +12,14 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from typing import Any
 
-from forensics.model import Evidence, Finding
-
-CRASH_CLASSES = (
-    "cuda_oom",
-    "host_oom",
-    "process_killed",
-    "cuda_error",
-    "gpu_hardware",
-    "nccl_error",
-    "config_error",
-    "shape_mismatch",
-    "weight_key_mismatch",
-    "kv_cache_insufficient",
-    "disk_or_io",
-    "unknown_crash",
-    "ray_node_died",
-    "ray_actor_died",
-    "env_version_mismatch",
-    "training_instability",
-    "collective_mismatch",
-)
+from forensics.catalogue import Detection
+from forensics.model import Evidence
 
 
 def _ts(ns: Any) -> datetime | None:
     if not isinstance(ns, int) or ns <= 0:
         return None
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc)
-
-
-def _finding(
-    rule: str,
-    cls: str,
-    title: str,
-    severity: str,
-    rank: int | None,
-    ts: datetime | None,
-    evidence: list[Evidence],
-    fields: dict[str, Any],
-    explanation: str,
-    symptom_of: tuple[str, ...],
-    remediation: list[str],
-) -> Finding:
-    return Finding(
-        rule=rule,
-        cls=cls,
-        title=title,
-        severity=severity,
-        layer="infrastructure",
-        rank=rank,
-        host=None,
-        role=None,
-        ts=ts,
-        ts_inferred=False,
-        order=(0, 0, 0),
-        count=1,
-        evidence=evidence,
-        fields=fields,
-        remediation=remediation,
-        symptom_of=symptom_of,
-        explanation=explanation,
-    )
 
 
 def _by_seq(dumps: list[dict[str, Any]]) -> dict[tuple[str, int], dict[int, dict[str, Any]]]:
@@ -85,7 +32,7 @@ def _by_seq(dumps: list[dict[str, Any]]) -> dict[tuple[str, int], dict[int, dict
     return table
 
 
-def _missing_ranks(dumps: list[dict[str, Any]]) -> Finding | None:
+def _missing_ranks(dumps: list[dict[str, Any]]) -> Detection | None:
     """The first collective that some ranks entered and others never issued."""
     ranks = {d["rank"] for d in dumps}
     if len(ranks) < 2:
@@ -109,29 +56,29 @@ def _missing_ranks(dumps: list[dict[str, Any]]) -> Finding | None:
             for r in sorted(present)
         ]
         who = ", ".join(map(str, missing))
-        return _finding(
-            "fr-rank-never-joined",
-            "hang",
-            f"Rank {who} stopped issuing collectives",
-            "error",
-            missing[0],
-            _ts(entry.get("time_created_ns")),
-            evidence,
-            {"pg": pg, "seq": seq, "op": op, "missing_ranks": missing, "present_ranks": sorted(present)},
-            f"flight recorder: rank(s) {who} never issued collective #{seq} ({op}) on process group {pg}, "
-            f"which rank(s) {', '.join(map(str, sorted(present)))} entered and waited in.",
-            CRASH_CLASSES,
-            [
-                "Look at what the missing rank was doing (its own log and stack) when the others entered the "
-                "collective: a crash, a hang in data loading or I/O, or a code path that skips the collective.",
-                "If it was only slow (long rollout, checkpoint save), raise the process-group timeout "
-                "(verl actor_rollout_ref.nccl_timeout).",
-            ],
+        return Detection(
+            id="fr-rank-never-joined",
+            rank=missing[0],
+            ts=_ts(entry.get("time_created_ns")),
+            order=(0, 0, 0),
+            evidence=evidence,
+            fields={
+                "pg": pg,
+                "seq": seq,
+                "op": op,
+                "missing_ranks": missing,
+                "present_ranks": sorted(present),
+                "who": who,
+            },
+            explanation=(
+                f"flight recorder: rank(s) {who} never issued collective #{seq} ({op}) on process group {pg}, "
+                f"which rank(s) {', '.join(map(str, sorted(present)))} entered and waited in."
+            ),
         )
     return None
 
 
-def _mismatches(dumps: list[dict[str, Any]]) -> Finding | None:
+def _mismatches(dumps: list[dict[str, Any]]) -> Detection | None:
     files = {d["rank"]: d["file"] for d in dumps}
     for (pg, seq), present in sorted(_by_seq(dumps).items(), key=lambda kv: kv[0][1]):
         if len(present) < 2:
@@ -144,27 +91,21 @@ def _mismatches(dumps: list[dict[str, Any]]) -> Finding | None:
         if not kind:
             continue
         evidence = [Evidence(files[r], 1, f"rank {r}: #{seq} {ops[r]} input sizes {sizes[r]}") for r in sorted(present)]
-        return _finding(
-            "fr-collective-mismatch",
-            "collective_mismatch",
-            f"Ranks issued different collectives ({kind})",
-            "critical",
-            None,
-            _ts(next(iter(present.values())).get("time_created_ns")),
-            evidence,
-            {"pg": pg, "seq": seq, "ops": {str(r): o for r, o in ops.items()}},
-            f"flight recorder: at collective #{seq} of process group {pg} the ranks disagree on the {kind}: "
-            + "; ".join(f"rank {r} {ops[r]} {sizes[r]}" for r in sorted(present)),
-            (),
-            [
-                "Every rank must issue the same collectives in the same order with the same shapes: look for "
-                "rank-dependent branches (if rank == 0: ...) around the collective at that step."
-            ],
+        return Detection(
+            id="fr-collective-mismatch",
+            ts=_ts(next(iter(present.values())).get("time_created_ns")),
+            order=(0, 0, 0),
+            evidence=evidence,
+            fields={"pg": pg, "seq": seq, "ops": {str(r): o for r, o in ops.items()}, "kind": kind},
+            explanation=(
+                f"flight recorder: at collective #{seq} of process group {pg} the ranks disagree on the {kind}: "
+                + "; ".join(f"rank {r} {ops[r]} {sizes[r]}" for r in sorted(present))
+            ),
         )
     return None
 
 
-def flight_recorder_findings(dumps: list[dict[str, Any]]) -> list[Finding]:
-    """Findings from every rank's dump of one run."""
+def flight_recorder_detections(dumps: list[dict[str, Any]]) -> list[Detection]:
+    """What every rank's dump of one run shows, for the catalogue's `fr-*` entries."""
     found = [_mismatches(dumps), _missing_ranks(dumps)]
     return [f for f in found if f is not None]

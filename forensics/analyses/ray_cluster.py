@@ -23,7 +23,7 @@ from typing import Any
 
 import polars as pl
 
-from forensics.model import Finding, Verdict, iso
+from forensics.model import Finding, iso
 
 SOURCE = "ray"
 NORMAL_EXITS = {"INTENDED_USER_EXIT", "INTENDED_SYSTEM_EXIT"}
@@ -706,29 +706,22 @@ def _actor_story(root: Finding, actor: Actor) -> str:
     return text + "."
 
 
-def explain_root(root: Finding | None, cluster: RayCluster) -> None:
-    """Name the actor (role, verl rank, pid) and node behind a Ray root cause, and what died with them."""
-    if root is None or cluster.is_empty():
-        return
+def root_story(root: Finding, cluster: RayCluster) -> str:
+    """The actor (role, verl rank, pid) and node behind a Ray root cause, and what died with them; the root
+    takes the actor's role, rank and host where it lacks them."""
+    if cluster.is_empty():
+        return ""
     node = _finding_node(root, cluster) if root.cls == "ray_node_died" else None
     actor = None if node else _finding_actor(root, cluster)
     if node is not None and node.deaths:
-        story = _node_story(node, cluster)
         root.host = root.host or node.ip
-    elif actor is not None:
-        story = _actor_story(root, actor)
-        root.role = root.role or actor.cls
-        root.rank = root.rank if root.rank is not None else actor.rank
-        root.host = root.host or actor.ip
-        if actor.name:
-            root.fields.setdefault("actor_name", actor.name)
-    else:
-        return
-    root.explanation = " ".join(x for x in (root.explanation, story) if x)
-
-
-def ray_report(events: pl.DataFrame, verdict: Verdict) -> dict[str, Any]:
-    """The Ray section of a report (empty when the run has no Ray logs); names the root cause's actor and node."""
-    cluster = build_cluster(events)
-    explain_root(verdict.root_cause, cluster)
-    return ray_summary(cluster)
+        return _node_story(node, cluster)
+    if actor is None:
+        return ""
+    story = _actor_story(root, actor)
+    root.role = root.role or actor.cls
+    root.rank = root.rank if root.rank is not None else actor.rank
+    root.host = root.host or actor.ip
+    if actor.name:
+        root.fields.setdefault("actor_name", actor.name)
+    return story

@@ -11,26 +11,17 @@ common on healthy runs too (seen on our 2-GPU captures): it shows in the breakdo
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
 from typing import Any
 
-from forensics.model import Evidence, Finding
+from forensics.catalogue import Detection
+from forensics.model import Evidence
 from forensics.sources.gputrace import EXTRAS_KEY, DeviceTrace, TraceFile
 
 RULE_ID = "trace-straggler"
 REL_MARGIN = 0.2  # the straggler's extra compute: at least this fraction of the others' ...
 ABS_MARGIN_NS = 1_000_000  # ... and at least 1 ms per step (or over the window when there are no steps)
 WAIT_SHARE = 0.5  # the others' extra NCCL time must cover at least half of the straggler's extra compute
-REMEDIATION = (
-    "Compare the straggler's GPU with its peers: clocks and throttling (`nvidia-smi -q -d PERFORMANCE,CLOCK`), "
-    "temperature, ECC and Xid errors; move the job off a degraded node.",
-    "If that rank simply gets more work, balance it: in verl set trainer.balance_batch=True and use_dynamic_bsz "
-    "with ppo_max_token_len_per_gpu, so that every rank processes a similar number of tokens per step.",
-    "If the straggler's kernels are the same as its peers' but slower, profile that GPU alone (a kernel "
-    "benchmark or `nvidia-smi dmon`) before blaming the job.",
-)
-_FAR = datetime(9999, 1, 1, tzinfo=timezone.utc)
 
 
 def rank_units(files: list[TraceFile]) -> tuple[list[DeviceTrace], list[str]]:
@@ -131,24 +122,16 @@ def _evidence_line(u: DeviceTrace, basis: str) -> str:
     )
 
 
-def straggler_finding(s: Straggler, units: list[DeviceTrace], file_order: dict[str, int]) -> Finding:
+def straggler_detection(s: Straggler, units: list[DeviceTrace], file_order: dict[str, int]) -> Detection:
     ordered = [s.unit] + [u for u in units if u is not s.unit]
-    return Finding(
-        rule=RULE_ID,
-        cls="straggler",
-        title="Straggler rank: the other ranks wait for it in NCCL",
-        severity="warning",
-        layer="infrastructure",
+    return Detection(
+        id=RULE_ID,
         rank=s.unit.rank,
         host=s.unit.host,
-        role=None,
         ts=s.unit.start,
-        ts_inferred=False,
         order=(file_order.get(s.unit.file, 0), 0, 0),
-        count=1,
         evidence=[Evidence(u.file, 0, _evidence_line(u, s.basis)) for u in ordered],
         fields={k: v for k, v in s.to_json().items() if k not in ("explanation", "label", "rank", "file")},
-        remediation=list(REMEDIATION),
         explanation=s.explanation(),
     )
 
@@ -159,27 +142,25 @@ def nccl_latency_ms(units: list[DeviceTrace]) -> float | None:
     return round(statistics.median(medians) / 1e6, 4) if medians else None
 
 
-def review_traces(
-    extras: dict[str, list[Any]],
-    file_order: dict[str, int],
-    findings: list[Finding],
-    environment: dict[str, Any],
-    warnings: list[str],
-) -> dict[str, Any]:
-    """The hook in analyze: adds the straggler finding, `nccl_latency_ms` and warnings; returns `traces`."""
+@dataclass
+class TraceReview:
+    """What the traces add to a run's analysis."""
+
+    summary: dict[str, Any] = field(default_factory=dict)  # the report's traces section
+    detections: list[Detection] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def review_traces(extras: dict[str, list[Any]], file_order: dict[str, int]) -> TraceReview:
+    """The straggler, `nccl_latency_ms` and the per-rank breakdown of the run's GPU traces."""
     files = [f for f in extras.get(EXTRAS_KEY, []) if isinstance(f, TraceFile)]
     if not files:
-        return {}
+        return TraceReview()
     units, duplicates = rank_units(files)
-    warnings.extend(duplicates)
     straggler = find_straggler(units)
-    if straggler is not None:
-        findings.append(straggler_finding(straggler, units, file_order))
-        findings.sort(key=lambda f: (f.ts or _FAR, f.order))
     latency = nccl_latency_ms(units)
-    if latency is not None:
-        environment["nccl_latency_ms"] = latency
-    return {
+    summary = {
         "basis": _basis(units),
         "compared": [u.label for u in units],
         "devices": [d.to_json() for f in files for d in f.devices],
@@ -189,3 +170,9 @@ def review_traces(
         "straggler": straggler.to_json() if straggler else None,
         "nccl_latency_ms": latency,
     }
+    return TraceReview(
+        summary=summary,
+        detections=[straggler_detection(straggler, units, file_order)] if straggler else [],
+        environment={"nccl_latency_ms": latency} if latency is not None else {},
+        warnings=duplicates,
+    )

@@ -7,24 +7,13 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
+from forensics.metric_semantics import panel
 from forensics.model import Analysis, Finding
 from forensics.report import figures_traces
 
-TRAINING_METRICS = (
-    "actor/pg_loss",
-    "actor/loss",
-    "critic/vf_loss",
-    "actor/kl_loss",
-    "actor/entropy",
-    "actor/grad_norm",
-    "critic/score/mean",
-    "critic/rewards/mean",
-    "response_length/mean",
-    "actor/ppo_kl",
-    "actor/pg_clipfrac",
-)
-THROUGHPUT_METRICS = ("perf/throughput", "timing_s/step", "timing_s/gen", "timing_s/update_actor")
-MEMORY_METRICS = ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb")
+TRAINING_METRICS = panel("training")  # what each metric is, and where it is drawn: patterns/metrics/
+THROUGHPUT_METRICS = panel("throughput")
+MEMORY_METRICS = panel("memory")
 CLASS_COLOURS = {
     "cuda_oom": "#d62728",
     "host_oom": "#e377c2",

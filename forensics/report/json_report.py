@@ -12,6 +12,8 @@ from forensics.model import Analysis, iso
 from forensics.redact import redact_tree
 
 SCHEMA = "forensics.report/v1"
+CHECK_SCHEMA = "forensics.check/v1"
+NO_VALUE = "–"  # what the checklist writes for a value it could not measure; JSON says null
 
 
 def _run_section(a: Analysis) -> dict[str, Any]:
@@ -75,7 +77,7 @@ def to_json_dict(a: Analysis, redact_secrets: bool = True) -> dict[str, Any]:
         "run": _run_section(a),
         "verdict": a.verdict.to_json(),
         "findings": [f.to_json() for f in a.findings],
-        "checks": a.checks,
+        "checks": checks_json(a.checks),
         "metrics": metric_summary(a.series),
         "config": a.config,
         "environment": a.environment,
@@ -85,6 +87,24 @@ def to_json_dict(a: Analysis, redact_secrets: bool = True) -> dict[str, Any]:
         doc["ray"] = a.ray
     if a.traces:
         doc["traces"] = a.traces
+    return redact_tree(doc) if redact_secrets else doc
+
+
+def checks_json(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The checklist with `null` for a value that could not be measured."""
+    return [{**c, "value": None if c["value"] in (NO_VALUE, "") else c["value"]} for c in checks]
+
+
+def check_json(a: Analysis, redact_secrets: bool = True) -> dict[str, Any]:
+    """`forensics check --json` (schema `forensics.check/v1`): the run, whether anything was read, the checklist."""
+    doc = {
+        "schema": CHECK_SCHEMA,
+        "run": {"path": a.run_path, "name": a.run_name, "files": len(a.files)},
+        "status": a.verdict.status,
+        "reason": a.verdict.reason.to_json() if a.verdict.reason else None,
+        "checks": checks_json(a.checks),
+        "warnings": a.warnings,
+    }
     return redact_tree(doc) if redact_secrets else doc
 
 

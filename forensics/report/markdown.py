@@ -14,7 +14,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
     run = doc["run"]
     lines = [f"### forensics: `{run['name']}` — **{v['status'].upper()}**", ""]
     rc = v["root_cause"]
-    if rc is None:
+    if v.get("reason"):
+        lines += [f"**No verdict** (`{v['reason']['code']}`): {v['reason']['text']}", ""]
+    elif rc is None:
         lines.append(v["summary"])
     else:
         where = f" on rank {rc['rank']}" if rc["rank"] is not None else ""

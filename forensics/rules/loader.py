@@ -1,10 +1,11 @@
-"""Load rules from YAML strictly: every problem names its file, line and key.
+"""Load catalogue entries from YAML strictly: every problem names its file, line and key.
 
 A linter collects every problem (`collect=True`); a library caller fails on the first.
 """
 
 from __future__ import annotations
 
+import string
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,19 @@ import polars as pl
 import regex
 import yaml
 
-from forensics.rules.model import LAYERS, SEVERITIES, TAXONOMY, USER_REGEX_TIMEOUT_S, MatchClause, Rule
+from forensics.line_prefixes import FileContext, attribute
+from forensics.metric_semantics import METRICS_FOLDER
+from forensics.rules.model import (
+    EVIDENCE_STRENGTHS,
+    LAYERS,
+    SEVERITIES,
+    TAXONOMY,
+    USER_REGEX_TIMEOUT_S,
+    ExceptionMatch,
+    MatchClause,
+    Rule,
+)
+from forensics.tracebacks import cut_traceback, last_exception
 
 ALLOWED_KEYS = {
     "id",
@@ -24,6 +37,9 @@ ALLOWED_KEYS = {
     "layer",
     "description",
     "match",
+    "detector",
+    "exception",
+    "evidence",
     "extract",
     "extract_window",
     "symptom_of",
@@ -32,7 +48,11 @@ ALLOWED_KEYS = {
     "examples",
     "notes",
 }
-REQUIRED_KEYS = ("id", "title", "class", "severity", "layer", "description", "match", "examples")
+REQUIRED_KEYS = ("id", "title", "class", "severity", "layer", "description")
+RULE_ONLY_KEYS = ("match", "examples", "extract", "extract_window")  # a detector's entry has no line to match
+EXCEPTION_KEYS = {"types", "module", "message", "frames", "frames_alone"}
+IDENTIFIER = regex.compile(r"^[A-Za-z_]\w*$")
+KINDS = ("match", "detector", "exception")
 CLAUSE_KEYS = {"regex", "followed_by", "window"}
 ID_SHAPE = regex.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 
@@ -152,8 +172,114 @@ class _RuleBuilder:
         for key in REQUIRED_KEYS:
             if key not in d:
                 self.error(key, "required key is missing")
+        detector = self.check_kind()
         if self.errors:
             return None
+        self.check_identity()
+        symptom_of = self.check_symptom_of()
+        remediation = _as_str_list(d.get("remediation") or [])
+        references = _as_str_list(d.get("references") or [])
+        if remediation is None:
+            self.error("remediation", "must be a list of strings")
+        if references is None:
+            self.error("references", "must be a list of strings")
+        for key, text in [("title", str(d["title"])), *(("remediation", r) for r in remediation or [])]:
+            self.check_template(key, text)
+        family = self.build_exception(d["exception"]) if "exception" in d else None
+        if detector:
+            clauses, extract, window, ex_match, ex_no = [], {}, 0, [], []
+        else:
+            clauses = self.build_clauses(d["match"]) if "match" in d else []
+            extract = self.check_extract()
+            window = self.check_window()
+            examples = self.check_examples_block()
+            if examples is None:
+                return None
+            ex_match, ex_no = examples
+        self.check_rust()
+        if self.errors:
+            return None
+        rule = Rule(
+            id=self.rule_id,
+            title=str(d["title"]),
+            cls=d["class"],
+            severity=d["severity"],
+            layer=d["layer"],
+            description=str(d["description"]).strip(),
+            match=tuple(clauses),
+            detector=detector,
+            exception=family,
+            evidence=str(d.get("evidence", "direct")),
+            extract=dict(extract),
+            extract_window=window,
+            symptom_of=tuple(symptom_of),
+            remediation=tuple(remediation or ()),
+            references=tuple(references or ()),
+            examples_match=tuple(ex_match or ()),
+            examples_no_match=tuple(ex_no or ()),
+            path=self.path,
+        )
+        if not detector:
+            self.check_examples(rule)
+        return None if self.errors else rule
+
+    def check_kind(self) -> str:
+        """The detector's name for a detector's entry, "" for a text rule or an exception family; one kind only."""
+        d = self.data
+        kinds = [k for k in KINDS if k in d]
+        if len(kinds) > 1:
+            self.error(kinds[1], f"an entry is one of {', '.join(KINDS)}; this one has {' and '.join(kinds)}")
+            return ""
+        if "detector" not in d:
+            for key in ("match" if "exception" not in d else "exception", "examples"):
+                if key not in d:
+                    self.error(key, "required key is missing (or give `detector:` for a finding code computes)")
+            return ""
+        detector = d["detector"]
+        if not isinstance(detector, str) or not ID_SHAPE.match(detector):
+            self.error("detector", "must name the detector in kebab-case")
+            return ""
+        for key in RULE_ONLY_KEYS:
+            if key in d:
+                self.error(key, "a detector's entry has no lines to match: `detector:` replaces `match:` and examples")
+        return detector
+
+    def build_exception(self, raw: Any) -> ExceptionMatch | None:
+        """An exception family's matcher: `types` (innermost exception classes), optional module/message/frames."""
+        if not isinstance(raw, dict):
+            self.error("exception", "must map `types` (and optionally module, message, frames)")
+            return None
+        raw.pop("__lines__", None)
+        unknown = set(raw) - EXCEPTION_KEYS
+        if unknown:
+            self.error("exception", f"unknown keys {sorted(unknown)}; allowed: {sorted(EXCEPTION_KEYS)}")
+        types = _as_str_list(raw.get("types") or [])
+        if not types or not all(IDENTIFIER.match(t) for t in types):
+            self.error("exception", "`types` must list exception class names (ModuleNotFoundError, ...)")
+            return None
+        patterns = {}
+        for key in ("module", "message", "frames"):
+            if key in raw:
+                pattern = raw[key]
+                if not isinstance(pattern, str) or not pattern:
+                    self.error("exception", f"`{key}` must be a non-empty regex string")
+                    continue
+                try:
+                    regex.compile(pattern)
+                except regex.error as exc:
+                    self.error("exception", f"bad {key} regex {pattern!r}: {exc}")
+                    continue
+                patterns[key] = pattern
+        frames_alone = raw.get("frames_alone", False)
+        if not isinstance(frames_alone, bool):
+            self.error("exception", "`frames_alone` must be true or false")
+            frames_alone = False
+        if frames_alone and "frames" not in patterns:
+            self.error("exception", "`frames_alone` needs `frames`: the frames that name the family")
+        return ExceptionMatch(tuple(types), **patterns, frames_alone=frames_alone)
+
+    def check_identity(self) -> None:
+        d = self.data
         if not ID_SHAPE.match(self.rule_id):
             self.error("id", f"{self.rule_id!r} is not kebab-case")
         stem = Path(self.path).stem
@@ -165,30 +291,51 @@ class _RuleBuilder:
             self.error("severity", f"{d['severity']!r} is not one of {', '.join(SEVERITIES)}")
         if d["layer"] not in LAYERS:
             self.error("layer", f"{d['layer']!r} is not one of {', '.join(LAYERS)}")
-        clauses = self.build_clauses(d["match"])
-        extract = d.get("extract") or {}
+        if d.get("evidence", "direct") not in EVIDENCE_STRENGTHS:
+            self.error("evidence", f"{d['evidence']!r} is not one of {', '.join(EVIDENCE_STRENGTHS)}")
+
+    def check_symptom_of(self) -> list[str]:
+        symptom_of = _as_str_list(self.data.get("symptom_of") or [])
+        if symptom_of is None:
+            self.error("symptom_of", "must be a list of classes")
+            return []
+        for cls in symptom_of:
+            if cls not in TAXONOMY:
+                self.error("symptom_of", f"{cls!r} is not in the taxonomy")
+        return symptom_of
+
+    def check_template(self, key: str, text: str) -> None:
+        """Titles and remediation may name the finding's fields (`{metric}`, `{steps[0]}`); check the braces."""
+        try:
+            names = [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
+        except ValueError as exc:
+            self.error(key, f"bad placeholder in {text[:80]!r}: {exc} (write {{{{ and }}}} for literal braces)")
+            return
+        for name in names:
+            if not regex.match(r"^[A-Za-z_]\w*(?:\[\d+\])?$", name):
+                self.error(key, f"placeholder {{{name}}} must name a field, optionally indexed ({{steps[0]}})")
+
+    def check_extract(self) -> dict[str, str]:
+        extract = self.data.get("extract") or {}
         if not isinstance(extract, dict):
             self.error("extract", "must map names to regexes")
-            extract = {}
+            return {}
         extract.pop("__lines__", None)
         for name, pattern in extract.items():
             self.check_regex("extract", pattern)
             if isinstance(pattern, str) and "(?P<" not in pattern:
                 self.error("extract", f"{name}: the regex has no named group to extract")
-        symptom_of = _as_str_list(d.get("symptom_of") or [])
-        if symptom_of is None:
-            self.error("symptom_of", "must be a list of classes")
-            symptom_of = []
-        for cls in symptom_of:
-            if cls not in TAXONOMY:
-                self.error("symptom_of", f"{cls!r} is not in the taxonomy")
-        remediation = _as_str_list(d.get("remediation") or [])
-        references = _as_str_list(d.get("references") or [])
-        if remediation is None:
-            self.error("remediation", "must be a list of strings")
-        if references is None:
-            self.error("references", "must be a list of strings")
-        examples = d.get("examples")
+        return extract
+
+    def check_window(self) -> int:
+        window = self.data.get("extract_window", 0)
+        if not isinstance(window, int) or not 0 <= window <= 50:
+            self.error("extract_window", "must be an integer from 0 to 50")
+            return 0
+        return window
+
+    def check_examples_block(self) -> tuple[list[str], list[str]] | None:
+        examples = self.data.get("examples")
         if not isinstance(examples, dict):
             self.error("examples", "must have `match` and `no_match` lists")
             return None
@@ -204,32 +351,7 @@ class _RuleBuilder:
                 self.errors.append(
                     RuleError(self.path, ex_lines.get(key, 1), f"examples.{key}", "unknown key", self.rule_id)
                 )
-        window = d.get("extract_window", 0)
-        if not isinstance(window, int) or not 0 <= window <= 50:
-            self.error("extract_window", "must be an integer from 0 to 50")
-            window = 0
-        self.check_rust()
-        if self.errors:
-            return None
-        rule = Rule(
-            id=self.rule_id,
-            title=str(d["title"]),
-            cls=d["class"],
-            severity=d["severity"],
-            layer=d["layer"],
-            description=str(d["description"]).strip(),
-            match=tuple(clauses),
-            extract=dict(extract),
-            extract_window=window,
-            symptom_of=tuple(symptom_of),
-            remediation=tuple(remediation or ()),
-            references=tuple(references or ()),
-            examples_match=tuple(ex_match or ()),
-            examples_no_match=tuple(ex_no or ()),
-            path=self.path,
-        )
-        self.check_examples(rule)
-        return None if self.errors else rule
+        return ex_match or [], ex_no or []
 
     def build_clauses(self, raw: Any) -> list[MatchClause]:
         if not isinstance(raw, list) or not raw:
@@ -260,6 +382,12 @@ class _RuleBuilder:
 
     def check_examples(self, rule: Rule) -> None:
         examples = [(True, line) for line in rule.examples_match] + [(False, line) for line in rule.examples_no_match]
+        if rule.exception is not None:
+            for expected, example in examples:
+                if family_fires(rule.exception, example) != expected:
+                    which = "match example does not match" if expected else "no_match example matches"
+                    self.error("examples", f"{which}: {example[:120]!r}")
+            return
         rust = _rust_hits(rule, [line for _, example in examples for line in example.split("\n")])
         for expected, example in examples:
             try:
@@ -274,6 +402,23 @@ class _RuleBuilder:
             if fires != expected:
                 which = "match example does not match" if expected else "no_match example matches"
                 self.error("examples", f"{which}: {example[:120]!r}")
+
+
+def _body(line: str) -> str:
+    return attribute(line, FileContext()).body
+
+
+def family_fires(family: ExceptionMatch, example: str) -> bool:
+    """Whether the last exception of a traceback (printed with any prefixes) belongs to the family; an example
+    cut before its exception line is read as the scanner reads a log that ends inside a traceback."""
+    raised = last_exception(example, _body)
+    if raised is None:
+        cut = cut_traceback(example.split("\n"), _body)
+        if cut is None:
+            return False
+        raised = cut[1]
+    frames = [f"{f.file}:{f.func}" for f in raised.frames]
+    return family.matches(raised.innermost, raised.innermost_module, raised.innermost_message, frames)
 
 
 def _rust_hits(rule: Rule, lines: list[str]) -> dict[str, bool]:
@@ -342,18 +487,35 @@ def _validate(shown: str, text: str) -> tuple[Rule | None, tuple[RuleError, ...]
 
 
 def rule_files(directories: Iterable[Path]) -> list[tuple[Path, Path]]:
-    """(file, root) for every rule file under the directories, in a stable order."""
+    """(file, root) for every rule file under the directories, in a stable order.
+
+    `metrics/` holds what metrics mean (forensics.metric_semantics), not rules.
+    """
     found = []
     for root in directories:
         for path in sorted(root.rglob("*.yaml")) + sorted(root.rglob("*.yml")):
-            found.append((path, root))
+            if path.relative_to(root).parts[0] != METRICS_FOLDER:
+                found.append((path, root))
     return found
 
 
-def load_rules(directories: Iterable[Path], collect: bool = False) -> tuple[list[Rule], list[RuleError]]:
-    """Load every rule; later directories overlay earlier ones by rule id.
+DETECTOR_KEY = regex.compile(r"^detector:", regex.MULTILINE)
 
-    With `collect`, problems are returned; otherwise the first problem raises RuleLoadError.
+
+def _declares_detector(path: Path) -> bool:
+    try:
+        return bool(DETECTOR_KEY.search(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError):
+        return True  # let the full load report it
+
+
+def load_rules(
+    directories: Iterable[Path], collect: bool = False, detectors_only: bool = False
+) -> tuple[list[Rule], list[RuleError]]:
+    """Load every catalogue entry; later directories overlay earlier ones by id.
+
+    With `collect`, problems are returned; otherwise the first problem raises RuleLoadError. With
+    `detectors_only`, text rules are skipped unread (a run without text logs needs only the detectors').
     """
     by_id: dict[str, Rule] = {}
     errors: list[RuleError] = []
@@ -361,6 +523,8 @@ def load_rules(directories: Iterable[Path], collect: bool = False) -> tuple[list
     for index, root in enumerate(dirs):
         seen_here: dict[str, str] = {}
         for path, base in rule_files([root]):
+            if detectors_only and not _declares_detector(path):
+                continue
             rule, errs = load_rule_file(path, base)
             errors.extend(errs)
             if errs and not collect:

@@ -1,4 +1,10 @@
-"""The rule model: one YAML file per rule, validated strictly, tested by its own examples."""
+"""The catalogue model: one YAML file per entry, validated strictly.
+
+An entry is a text rule (`match:` regexes, tested by its own examples), an exception family (`exception:` the
+innermost exception's class, message shape and raising frames, tested on example tracebacks), or the description
+of a finding that code computes (`detector:` names the code): either way the entry says what the finding is
+called, its class, severity and remediation, so that code only computes and the catalogue describes.
+"""
 
 from __future__ import annotations
 
@@ -30,7 +36,11 @@ TAXONOMY = (
 )
 SEVERITIES = ("critical", "error", "warning", "info")
 LAYERS = ("infrastructure", "framework", "script")
+# What a finding's evidence is: a line that says what failed (an exception, a kill, a watchdog), a measured
+# fact (a NaN in a step line, a time gap), or a statistical reading of curves (a divergence, a trend).
+EVIDENCE_STRENGTHS = ("direct", "measured", "statistical")
 USER_REGEX_TIMEOUT_S = 1.0
+CUT_RAISING_FRAMES = 3  # the innermost frames of a cut traceback that a family's frames must name
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,35 @@ class MatchClause:
 
 
 @dataclass(frozen=True)
+class ExceptionMatch:
+    """An exception family: the innermost exception's class, and optionally its module, message and frames."""
+
+    types: tuple[str, ...]
+    module: str | None = None  # regex on the exception's module (`torch`, `ray.exceptions`)
+    message: str | None = None  # regex searched in the message
+    frames: str | None = None  # regex searched in each raising frame, written `path/to/file.py:function`
+    frames_alone: bool = False  # the frames name the family: a traceback cut before its exception line belongs too
+
+    def matches(self, cls: str, module: str, message: str, frames: list[str]) -> bool:
+        """Whether an exception belongs to the family; `cls` is "" for a traceback cut before its exception line,
+        which only a family whose frames alone are telling can claim, by the innermost frames (what raised: the
+        outer ones are the program's main loop whatever failed)."""
+        if not cls:
+            return self.frames_alone and self._frames_match(frames[-CUT_RAISING_FRAMES:])
+        if cls not in self.types:
+            return False
+        if self.module is not None and not _compile(self.module).search(module or "", timeout=USER_REGEX_TIMEOUT_S):
+            return False
+        if self.message is not None and not _compile(self.message).search(message or "", timeout=USER_REGEX_TIMEOUT_S):
+            return False
+        return self.frames is None or self._frames_match(frames)
+
+    def _frames_match(self, frames: list[str]) -> bool:
+        pattern = _compile(self.frames) if self.frames else None
+        return pattern is not None and any(pattern.search(f, timeout=USER_REGEX_TIMEOUT_S) for f in frames)
+
+
+@dataclass(frozen=True)
 class Rule:
     id: str
     title: str
@@ -58,7 +97,10 @@ class Rule:
     severity: str
     layer: str
     description: str
-    match: tuple[MatchClause, ...]
+    match: tuple[MatchClause, ...]  # empty for a detector's entry
+    detector: str = ""  # the code that computes this finding, in place of `match`
+    exception: ExceptionMatch | None = None  # an exception family, in place of `match`
+    evidence: str = "direct"  # one of EVIDENCE_STRENGTHS
     extract: dict[str, str] = field(default_factory=dict)
     extract_window: int = 0
     symptom_of: tuple[str, ...] = ()
@@ -67,6 +109,14 @@ class Rule:
     examples_match: tuple[str, ...] = ()
     examples_no_match: tuple[str, ...] = ()
     path: str = ""
+
+    @property
+    def is_detector(self) -> bool:
+        return bool(self.detector)
+
+    @property
+    def is_family(self) -> bool:
+        return self.exception is not None
 
     @property
     def area(self) -> str:

@@ -14,17 +14,24 @@ from forensics.sources import (
     flight_recorder,
     hydra_config,
     kineto,
+    metrics_csv,
+    metrics_jsonl,
+    mlflow_store,
     nccl,
     nsys,
     nvidia_smi,
     nvidia_smi_q,
+    rank_measurements,
     ray_events,
     ray_session,
+    tensorboard,
     torch_distributed,
     torchrun,
     traceback,
+    trainer_lines,
     verl,
     versions,
+    wandb_offline,
 )
 from forensics.sources.base import FileSource, LineExtractor
 
@@ -32,6 +39,8 @@ MODULES: list[ModuleType] = [verl, traceback, torchrun, torch_distributed, nccl,
 MODULES += [hydra_config, collect_env, nvidia_smi_q, dcgm, versions]
 MODULES += [ray_session, ray_events]  # Ray's own logs: session folders and events/*.log
 MODULES += [nsys, kineto]
+MODULES += [trainer_lines, metrics_jsonl, metrics_csv, tensorboard, mlflow_store, wandb_offline]  # beside verl's
+MODULES += [rank_measurements]  # last: it reads only lines no other reader took
 
 
 def line_extractors() -> list[LineExtractor]:

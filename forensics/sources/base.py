@@ -112,6 +112,7 @@ class Sink:
         self.step_marks: list[tuple[str, int, int]] = []  # (file, line, step) of each step line
         self.config: dict[str, Any] = {}  # flattened dotted keys printed in a text log (verl's config dump)
         self.environment: dict[str, Any] = {}  # versions and hardware named in a text log
+        self.counters: dict[tuple[str, str], int] = {}  # per-file counts a reader keeps (a dict log's n-th record)
 
     def event(
         self,
@@ -243,10 +244,11 @@ class Sink:
     @staticmethod
     def merge(sinks: list[Sink]) -> tuple[pl.DataFrame, pl.DataFrame]:
         """The events and series of many sinks, in order, each table built in one conversion; the sinks'
-        samples taken in bulk move into the series (they are not kept twice)."""
+        samples taken in bulk move into the series (they are not kept twice); one sample per (metric, step,
+        rank), from the most precise source that has it (`one_sample_per_step`)."""
         events = _frame([row for sink in sinks for row in sink._event_rows()], EVENT_SCHEMA)
         series = {k: [v for sink in sinks for v in sink._series[k]] for k in SERIES_SCHEMA}
-        return events, _with_blocks(_frame(series, SERIES_SCHEMA), sinks, consume=True)
+        return events, one_sample_per_step(_with_blocks(_frame(series, SERIES_SCHEMA), sinks, consume=True))
 
     def series(self) -> pl.DataFrame:
         return _with_blocks(_frame(self._series, SERIES_SCHEMA), [self])
@@ -331,6 +333,40 @@ def _sources(blocks: list[tuple[Sink, _SampleBlock]]) -> pl.Expr | pl.Series:
     return pl.concat([pl.repeat(block.source, len(block.codes), dtype=pl.String, eager=True) for _, block in blocks])
 
 
+# How exactly a source keeps a value: structured files hold float64, TensorBoard float32, text lines what was printed
+# (verl before PR #2303 printed three decimals: a learning rate of 3e-4 reads 0.0).
+SOURCE_PRECISION = {
+    "verl_file_logger": 3,
+    "metrics_jsonl": 3,
+    "metrics_csv": 3,
+    "mlflow": 3,
+    "wandb": 3,
+    "tensorboard": 2,
+}
+TEXT_PRECISION = 1
+
+
+def one_sample_per_step(series: pl.DataFrame) -> pl.DataFrame:
+    """One sample per (metric, step, rank): the same step logged by the console, each rank's stdout, the file
+    logger and TensorBoard is one value, not four, and it comes from the most precise source.
+
+    A copy without a rank (the driver's console) gives way to the ranked copies of the same precision (the
+    same print, seen in that rank's own stdout). Samples without a step (GPU samples over time) are kept.
+    """
+    stepped = series.filter(pl.col("step").is_not_null())
+    if stepped.is_empty():
+        return series
+    ranked = stepped.with_columns(
+        pl.col("source").replace_strict(SOURCE_PRECISION, default=TEXT_PRECISION, return_dtype=pl.Int8).alias("_p"),
+        pl.int_range(pl.len()).alias("_seq"),
+    )
+    best = ranked.filter(pl.col("_p") == pl.col("_p").max().over("metric", "step"))
+    has_rank = pl.col("rank").is_not_null().any().over("metric", "step")
+    best = best.filter(pl.col("rank").is_not_null() | ~has_rank)
+    kept = best.unique(subset=["metric", "step", "rank"], keep="first", maintain_order=True)
+    return pl.concat([series.filter(pl.col("step").is_null()), kept.sort("_seq").drop("_p", "_seq")])
+
+
 def _frame(data: Any, schema: dict[str, pl.DataType]) -> pl.DataFrame:
     """The table, with lone surrogates replaced when a reader let one through (Arrow holds UTF-8 only).
 
@@ -363,6 +399,13 @@ class LineExtractor:
     `folds`: a regex (Python, matched at the line's start; "" for any line) for the lines whose event
     depends on nothing that changes between repeats of one message (numbers, times, neighbouring lines):
     repeats of such a line are counted into the first one's event. None: every line is read.
+    `reads_line_above`: for an event that may depend on the lines above it, whether, given the raw line right
+    above, it would: such a line is read on its own (the first line of a file has none above; the first line
+    of a batch whose line above is out of it is read on its own too).
+    `requires`: a second regex (Rust-compatible) a line must match too, anywhere, for `handle` to be given it
+    (a trigger's literals find the lines, this says which of them are worth reading: both are decided in Rust).
+    `yields_to`: the batch extractors (by name) whose lines this one reads nothing of, when they read them in
+    bulk: such a line is not handed to this one's `handle` (nor read one by one for it).
     """
 
     name: str
@@ -371,6 +414,9 @@ class LineExtractor:
     handle: Callable[[LineRecord, Sink], None]
     handle_batch: Callable[[BatchLines, Sink], BatchRead] | None = None
     folds: str | None = None
+    reads_line_above: Callable[[str], bool] | None = None
+    requires: str | None = None
+    yields_to: tuple[str, ...] = ()
 
 
 @dataclass

@@ -22,8 +22,8 @@ from typing import Any
 
 from forensics.line_prefixes import ANSI, RAY_PREFIX, RAY_SYSTEM_PREFIX
 from forensics.sources.base import Hit, LineExtractor, LineRecord, Sink
-from forensics.sources.traceback import EXCEPTION_LINE
 from forensics.sources.traceback import TRIGGER as EXCEPTION_TRIGGER
+from forensics.tracebacks import EXCEPTION_LINE
 
 SOURCE = "ray"
 BLOCK_LINES = 60  # the longest block read after a record's first line (the memory monitor's report)

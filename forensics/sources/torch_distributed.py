@@ -1,4 +1,5 @@
-"""PyTorch ProcessGroupNCCL: watchdog timeouts, "last enqueued/completed" numbers, heartbeat monitor.
+"""PyTorch ProcessGroupNCCL: watchdog timeouts, "last enqueued/completed" numbers, heartbeat monitor; Gloo's
+timeouts, which name no collective.
 
 The numbers let the diagnosis order ranks: a watchdog that "ran for N ms" began N ms earlier, and a
 rank whose last enqueued collective lags the others never reached the collective they wait in.
@@ -25,8 +26,11 @@ WORK_STATE = re.compile(
     r"last enqueued work: (?P<enq2>-?\d+), last completed work: (?P<done2>-?\d+)"
 )
 DUMP_SIGNAL = re.compile(
-    r"Received a dump signal due to a collective timeout from (?P<src>this local rank|rank \d+).*?"
+    r"Received a dump signal due to a collective timeout from\s+(?P<src>this local rank|rank \d+).*?"
     r"Last enqueued NCCL work: (?P<enq>-?\d+), last completed NCCL work: (?P<done>-?\d+)"
+)
+GLOO_TIMEOUT = re.compile(
+    r"gloo/transport/\w+/\S+:\d+\] Timed out waiting (?P<timeout>\d+) ?ms for (?P<op>recv|send) operation"
 )
 RANK_TAG = re.compile(r"\[(?:PG [^\]]*?)?Rank (?P<rank>\d+)\]")
 
@@ -57,6 +61,13 @@ def _handle_watchdog(rec: LineRecord, sink: Sink) -> None:
             rec.fields["stall_start"] = (rec.hit.ctx.ts - timedelta(milliseconds=ran_ms)).isoformat()
         _rank_from_tag(rec)
         return
+    m = GLOO_TIMEOUT.search(body)
+    if m:  # Gloo names no collective: the wait alone, for the cross-rank reading of who never came
+        rec.kind = "watchdog_timeout"
+        rec.source = SOURCE
+        rec.level = "error"
+        rec.fields.update(op=f"gloo {m['op']}", timeout_ms=int(m["timeout"]))
+        return
     m = WORK_STATE.search(body) or DUMP_SIGNAL.search(body)
     if m:
         rec.kind = "watchdog_work_state"
@@ -83,7 +94,8 @@ EXTRACTORS = [
         "watchdog",
         SOURCE,
         r"Watchdog caught collective operation timeout|last enqueued NCCL work: -?\d+, last completed NCCL work|"
-        r"Last enqueued NCCL work: -?\d+, last completed NCCL work|failure detected by watchdog at work sequence id",
+        r"Last enqueued NCCL work: -?\d+, last completed NCCL work|failure detected by watchdog at work sequence id|"
+        r"gloo/transport/\w+/\S+:\d+\] Timed out waiting",
         _handle_watchdog,
     ),
     LineExtractor(

@@ -1,58 +1,68 @@
 """Python exceptions, including Ray's `RayTaskError(Cause)` wrapping.
 
-Each exception line becomes an event with its class, message and the frame it was raised in; for
-`ray.exceptions.RayTaskError(OutOfMemoryError)` the wrapped class is kept as `cause`, so the
-diagnosis can look through the wrapper to the innermost error.
+Each exception line becomes an event with its class, module, message and the frames of the traceback above it;
+for `ray.exceptions.RayTaskError(OutOfMemoryError)` the wrapped class is kept as `cause`, so the diagnosis can
+look through the wrapper to the innermost error, and the catalogue's exception families (`exception:` entries)
+can name the class from the exception itself. An exception that Ray reports as a failed attempt it retries is
+marked `retried`: it is a failure only when the retries run out, and then the caller raises it again.
 """
 
 from __future__ import annotations
 
-import re
-
+from forensics.line_prefixes import attribute
 from forensics.sources.base import LineExtractor, LineRecord, Sink
+from forensics.tracebacks import (
+    frames_above,
+    may_be_printout,
+    parse_exception_line,
+    reported_as_retried,
+    wrapped_exception,
+)
 
 SOURCE = "python"
-# Python prints the exception line at the start of a line; loggers may put a `... file.py:N] ` header first.
-# Exception names in the middle of other text (C++ component logs quoting an `RpcError:`) are not exceptions.
-EXCEPTION_LINE = re.compile(
-    r"^\s*(?:`?\s*|\S[^\]]*\]\s+)(?P<cls>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|KeyboardInterrupt|SystemExit))"
-    r"(?:\((?P<cause>[\w.]+)\))?(?::\s?(?P<msg>.*)|\s*$)"
-)
-FRAME_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 TRIGGER = (
-    r"(?:^|[\s:\]|])(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*(?:Error|Exception)|KeyboardInterrupt|SystemExit)"
-    r"(?:\([\w.]+\))?(?::|\s*$)"
+    r"(?:^|[\s:\]|])(?:[A-Za-z_]\w*\.)*(?:_?[A-Z]\w*Error|(?:_?[A-Z]\w*)?Exception|KeyboardInterrupt|SystemExit)"
+    r"(?:\([\w.]+\))?(?::|\s*$|\s{2,}Traceback \(most recent call last\))"
 )
-
-
-def _last_frame(lines: list[str]) -> dict[str, str] | None:
-    for text in reversed(lines):
-        m = FRAME_LINE.search(text)
-        if m:
-            return {"file": m["file"], "line": m["line"], "func": m["func"]}
-    return None
+FRAMES_LOOKBACK = 120  # lines above an exception searched for its traceback's frames
+FRAMES_KEPT = 20  # the innermost frames kept in the event
+WRAPPED_LOOKAHEAD = 200  # lines below a wrapper searched for the exception line of what it wraps
 
 
 def _handle_exception(rec: LineRecord, sink: Sink) -> None:
-    body = rec.hit.ctx.body
-    m = EXCEPTION_LINE.search(body)
-    if not m:
-        return
-    cls = m["cls"]
-    if cls.endswith("Warning"):
+    raised = parse_exception_line(rec.hit.ctx.body)
+    if raised is None:
         return
     rec.kind = "exception"
     rec.source = SOURCE
     rec.level = rec.level or "error"
-    rec.fields["exception"] = cls.rsplit(".", 1)[-1]
-    rec.fields["exception_module"] = cls.rpartition(".")[0]
-    if m["cause"]:
-        rec.fields["cause"] = m["cause"].rsplit(".", 1)[-1]
-    if m["msg"]:
-        rec.fields["exception_message"] = m["msg"][:500]
-    frame = _last_frame(rec.hit.preceding(12))
-    if frame:
-        rec.fields["raised_at"] = frame
+    rec.fields["exception"] = raised.cls
+    rec.fields["exception_module"] = raised.module
+    if raised.cause:
+        rec.fields["cause"] = raised.cause
+        inner = wrapped_exception(
+            raised.cause, rec.hit.following(WRAPPED_LOOKAHEAD), lambda text: attribute(text, rec.hit.fctx).body
+        )
+        if inner is not None:
+            rec.fields["cause_module"] = inner.module
+            rec.fields["cause_message"] = inner.message[:500]
+    if raised.message:
+        rec.fields["exception_message"] = raised.message[:500]
+    above = rec.hit.preceding(FRAMES_LOOKBACK)
+    frames = frames_above(above)
+    if frames:
+        rec.fields["raised_at"] = frames[-1].to_json()
+        rec.fields["frames"] = [f"{f.file}:{f.func}" for f in frames[-FRAMES_KEPT:]]
+    if reported_as_retried(above, lambda text: attribute(text, rec.hit.fctx).body):
+        rec.fields["retried"] = True  # an attempt Ray retried: the run goes on, so it is no failure of its own
 
 
-EXTRACTORS = [LineExtractor("exception", SOURCE, TRIGGER, _handle_exception, folds="")]  # raised_at: the first's
+# Repeats of an exception line count into one event when nothing around them is read: not a wrapper (it reads the
+# lines below, to the exception it wraps), not below a traceback or a retry report (frames, `retried`: see
+# may_be_printout). A flood of one error, printed again and again, is one event; raised_at is the first's.
+NOT_A_WRAPPER = r"(?!.*?(?:Error|Exception|KeyboardInterrupt|SystemExit)\([\w.]+\))"
+EXTRACTORS = [
+    LineExtractor(
+        "exception", SOURCE, TRIGGER, _handle_exception, folds=NOT_A_WRAPPER, reads_line_above=may_be_printout
+    )
+]

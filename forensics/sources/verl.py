@@ -1,4 +1,4 @@
-"""verl's trainer output: console step lines, the config dump, and the file logger's JSONL.
+"""verl's trainer output: console step lines and the config dump (its file logger's JSONL: metrics_jsonl.py).
 
 Console lines look like `(TaskRunner pid=N) step:12 - actor/pg_loss:-0.0036 - perf/throughput:3283.3`,
 with values from `pprint.pformat` (new) or `{v:.3f}` (before verl PR #2303), numpy scalars printed as
@@ -17,18 +17,23 @@ it is read back with `ast.literal_eval` (never `eval`) into flattened dotted key
 from __future__ import annotations
 
 import ast
-import json
 import math
 import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from forensics.line_prefixes import ANSI, LAST_TORCHRUN_RANK, PEELED_PREFIXES, RANK_IN_MESSAGE, attribute, rust_form
-from forensics.sources.base import BatchLines, BatchRead, FileResult, FileSource, Hit, LineExtractor, LineRecord, Sink
-from forensics.textio import open_binary
+from forensics.line_prefixes import (
+    ANSI_ESC,
+    ANSI_ESCLESS,
+    ANY_PREFIX,
+    LAST_TORCHRUN_RANK,
+    RANK_IN_MESSAGE,
+    attribute,
+    rust_form,
+)
+from forensics.sources.base import BatchLines, BatchRead, Hit, LineExtractor, LineRecord, Sink
 
 SOURCE = "verl_console"
 STEP_LINE = re.compile(r"(?:^|\s)step:(?P<step>\d+)(?P<kv>(?: - [^\s:][^:]*:\S+)*)")
@@ -40,21 +45,27 @@ MAX_WRAPPED_LINES = 32
 CONFIG_ROOTS = frozenset({"actor_rollout_ref", "data", "trainer", "algorithm", "critic", "reward_model"})
 MAX_CONFIG_LINES = 4000
 MAX_CONFIG_CHARS = 2_000_000
-MAX_RECORD_BYTES = 64 * 1024**2  # a longer "line" of the file logger is read in pieces, each a bad record
 # A number as `repr` prints one (no spaces, underscores or non-ASCII digits, which float() would also take):
 # exactly what polars' cast to Float64 reads (tests/test_step_lines_in_bulk.py checks the two agree)
 NUMBER = re.compile(r"^[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|(?i:nan|inf|infinity))$")
 _ANSI_RUN = r"(?:\x1b\[[0-9;?]*[A-Za-z])*"
-# The step lines read in bulk: a Ray prefix (actor names and addresses without `-`, `:`, `(`), torchrun
-# prefixes, ANSI colour around them, then `step:N` and ` - key:value` to the end, with no space, colon or
-# ANSI code in a key or a value. `attribute` reads nothing else on such a line (no time, no prefix it would
+# The step lines read in bulk: a Ray prefix (actor names and addresses without `-`, `:`, `(`), at most five
+# torchrun prefixes (`attribute` peels six prefixes at most), ANSI colour around them, then `step:N` and
+# ` - key:value` to the end, with no space, colon or ANSI code in a key or a value, and no colour code that lost
+# its ESC anywhere (see ANSI_ESCLESS). `attribute` reads nothing else on such a line (no time, no prefix it would
 # peel differently), and each ` - ` part holds one colon, so splitting at it is what `rpartition` does.
 BULK_STEP_LINE = (
     rf"^{_ANSI_RUN}(?:\((?:[^():-]*? )?pid=\d+(?:, ip=[\w.]+)?\)|\((?:raylet|gcs_server|autoscaler[^,():-]*)"
-    rf"(?:, ip=[\w.]+)?\))?{_ANSI_RUN}\s?{_ANSI_RUN}(?:\[(?:default|rank)\d+\]:\s?{_ANSI_RUN})*"
+    rf"(?:, ip=[\w.]+)?\))?{_ANSI_RUN}\s?{_ANSI_RUN}(?:\[(?:default|rank)\d+\]:\s?{_ANSI_RUN}){{0,5}}"
     r"step:\d+(?: - [^\s:\x1b]+:[^\s:\x1b]+)*[ \t]*\r?\n?$"
 )
 RANK_IN_TEXT = rust_form(RANK_IN_MESSAGE.pattern)
+# A key other than `step` (a line starting `step:` is a step line of its own, never a wrapped rest)
+_NOT_STEP_KEY = r"(?:[^\s:]{5,}|[^\s:]{1,3}|[^\s:s][^\s:]{3}|s[^\s:t][^\s:]{2}|st[^\s:e][^\s:]|ste[^\s:p])"
+# A line (ESC colour codes removed) whose body, after some run of the prefixes `attribute` may peel, is what
+# `_continuations` takes for the hard-wrapped rest of a step line (CONTINUATION, or KEY_TAIL but for `step:`):
+# whenever it is, this matches (and it may match more, which only leaves a step line to `_handle_step`).
+MAY_BE_WRAPPED_REST = rf"^(?:{ANY_PREFIX})*\s*(?:-\s+[^\s:-][^:]*:\S|{_NOT_STEP_KEY}:\S+(?:\s+-\s+|\s*-?\s*$))"
 
 
 def parse_value(raw: str) -> float | None:
@@ -243,6 +254,7 @@ def read_step_lines(found: BatchLines, sink: Sink) -> BatchRead:
     step = pl.col("line").str.extract(r"step:(\d+)", 1).cast(pl.Int64, strict=False)
     frame = frame.with_columns(step=step, rank=rank)
     bulk = pl.col("line").str.contains(BULK_STEP_LINE) & ~pl.col("wrapped") & pl.col("step").is_not_null()
+    bulk = bulk & ~pl.col("line").str.replace_all(ANSI_ESC, "").str.contains(ANSI_ESCLESS)
     if found.fctx.rank is None:  # a rank named in the text is `attribute`'s to read
         bulk = bulk & (pl.col("rank").is_not_null() | ~pl.col("line").str.contains(RANK_IN_TEXT))
     frame = frame.with_columns(bulk=bulk)
@@ -254,11 +266,9 @@ def read_step_lines(found: BatchLines, sink: Sink) -> BatchRead:
 def _may_continue(found: BatchLines) -> pl.Series:
     """Whether the line after each step line may be its hard-wrapped rest (`_handle_step` then reads both)."""
     last = len(found.batch.lines) - 1
-    texts = found.batch.lines.gather(np.minimum(found.rows + 1, last)).str.replace_all(ANSI.pattern, "")
-    bodies = texts.str.replace(PEELED_PREFIXES, "").str.strip_chars()
-    looks = (bodies.str.contains(CONTINUATION.pattern) | bodies.str.contains(KEY_TAIL.pattern)) & ~(
-        bodies.str.starts_with("step:")
-    )
+    texts = found.batch.lines.gather(np.minimum(found.rows + 1, last)).str.replace_all(ANSI_ESC, "")
+    texts = texts.str.strip_chars_end("\r\n")
+    looks = texts.str.contains(MAY_BE_WRAPPED_REST) | texts.str.contains(ANSI_ESCLESS)  # ESC-less: `attribute`'s
     return looks & pl.Series(found.rows < last)
 
 
@@ -295,36 +305,3 @@ EXTRACTORS = [
         _handle_config,
     ),
 ]
-
-
-def _sniff_jsonl(name: str, head: bytes) -> bool:
-    return name.endswith(".jsonl") and head.lstrip().startswith(b'{"step"')
-
-
-def _read_jsonl(path: Path, rel: str, sink: Sink) -> FileResult:
-    """verl's file logger: one `{"step": N, "data": {...}}` per line; truncated last lines are skipped."""
-    result = FileResult()
-    bad = 0
-    with open_binary(path) as fh:
-        for number, raw in enumerate(iter(lambda: fh.readline(MAX_RECORD_BYTES), b""), start=1):
-            result.lines = number
-            try:
-                row = json.loads(raw)
-                step = int(row["step"])
-                data = row["data"]
-            except (ValueError, KeyError, TypeError):
-                bad += 1
-                continue
-            for metric, value in data.items():
-                if value is None:  # orjson writes NaN and inf as null: a metric that became non-finite
-                    value = math.nan
-                if isinstance(value, bool):
-                    value = float(value)
-                if isinstance(value, (int, float)):
-                    sink.sample(metric, float(value), source="verl_file_logger", step=step)
-    if bad:
-        result.warnings.append(f"{rel}: {bad} line(s) were not valid file-logger records and were skipped")
-    return result
-
-
-FILE_SOURCES = [FileSource("verl_jsonl", _sniff_jsonl, _read_jsonl)]

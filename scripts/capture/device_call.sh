@@ -22,6 +22,17 @@ main() {
          CAPTURE_PORT0=$((30000 + 10*i)) $R /root/runs_o$i lr_oscillation@$lr; done ;;
     d) i=0; for c in sgd:0.9@1.0 sgd:0.9@2.0 sgd:0.9@4.0 adamw:0.0,0.99@3e-3 adamw:0.0,0.99@5e-3 adamw:0.9,0.95@4e-3; do
          i=$((i+1)); CAPTURE_OPTIM=${c%@*} CAPTURE_PORT0=$((30100 + 10*i)) $R /root/runs_p$i lr_oscillation@${c#*@}; done ;;
+    # issue 19, on a machine of 4 or 8 GPUs: what-if pairs at 2 and 4 ranks, cascades at all of them with the
+    # faulty rank in the middle, multi-rank healthy runs of several schedules
+    e) n=$(nvidia-smi -L | wc -l); f=$(( n / 2 + 1 ))
+       for w in 2 4; do [ "$w" -le "$n" ] || continue
+         CAPTURE_NPROC=$w CAPTURE_PORT0=$((31000 + 100*w)) $R /root/runs_w$w whatif_base whatif_slow_rank whatif_slow_loader
+       done
+       CAPTURE_NPROC=$n CAPTURE_FAULTY_RANK=$f CAPTURE_PORT0=31500 $R /root/runs_c$n oom_then_timeout stall_timeout_fr \
+         sigkill cascade_nccl_error ;;
+    f) n=$(nvidia-smi -L | wc -l); i=0
+       for spec in healthy@1e-3 healthy@3e-4 healthy@2e-3; do for w in 2 4 "$n"; do i=$((i+1)); [ "$w" -le "$n" ] || continue
+         CAPTURE_NPROC=$w CAPTURE_PORT0=$((32000 + 10*i)) $R /root/runs_h$i "$spec=healthy_w${w}_${spec#*@}"; done; done ;;
     *) $R /root/runs "${@:3}" ;;
   esac
   {

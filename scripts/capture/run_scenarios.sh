@@ -5,6 +5,7 @@
 #
 # usage: scripts/capture/run_scenarios.sh OUTROOT SPEC...
 #   SPEC = scenario[@lr][=folder]   e.g.  healthy   lr_divergence@0.3=var1/lr_divergence
+# CAPTURE_NPROC ranks (default 2, one per GPU); CAPTURE_FAULTY_RANK picks the rank a fault hits (default 1).
 # Run from the repository root.  Set CAPTURE_TINY=1 for a CPU/gloo logic test.
 set -u -o pipefail
 ROOT=$1; shift
@@ -37,7 +38,7 @@ for spec in "$@"; do
   envs=(NCCL_DEBUG=INFO)
   tmo=120
   case $name in
-    healthy|lr_divergence|lr_oscillation|nan_injection|slow_rank|trace_*) ;;
+    healthy|lr_divergence|lr_oscillation|nan_injection|slow_rank|trace_*|whatif_*) ;;
     *)
       mkdir -p "$run/fr"
       envs+=(TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1
@@ -67,7 +68,7 @@ for spec in "$@"; do
   fi
   t0=$(date +%s.%N)
   echo "=== $(date -u +%FT%TZ) scenario $folder (port $port, timeout $tmo): ${envs[*]} torchrun ... ${args[*]}"
-  env "${envs[@]}" timeout -k 15 $tmo torchrun --nproc_per_node 2 --master_addr 127.0.0.1 --master_port $port \
+  env "${envs[@]}" timeout -k 15 $tmo torchrun --nproc_per_node "${CAPTURE_NPROC:-2}" --master_addr 127.0.0.1 --master_port $port \
       --tee 3 --log-dir "$run/torchrun_logs" scripts/capture/train.py "${args[@]}" 2>&1 | tee "$run/driver.log" >/dev/null
   rc=${PIPESTATUS[0]}
   t1=$(date +%s.%N)
@@ -76,7 +77,8 @@ for spec in "$@"; do
   [ -d "$run/fr" ] && [ -z "$(ls -A "$run/fr")" ] && rmdir "$run/fr"
   dur=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}')
   # provenance for the lead engineer (not something a user's folder would have)
-  printf '{"scenario":"%s","lr":"%s","optim":"%s","exit_code":%d,"duration_s":%s,"env":"%s","port":%d}\n' \
-    "$name" "$lr" "${CAPTURE_OPTIM:-adamw}" "$rc" "$dur" "${envs[*]}" "$port" > "$run/capture_meta.json"
+  printf '{"scenario":"%s","lr":"%s","optim":"%s","nproc":%d,"faulty_rank":%d,"exit_code":%d,"duration_s":%s,"env":"%s","port":%d}\n' \
+    "$name" "$lr" "${CAPTURE_OPTIM:-adamw}" "${CAPTURE_NPROC:-2}" "${CAPTURE_FAULTY_RANK:-1}" "$rc" "$dur" "${envs[*]}" \
+    "$port" > "$run/capture_meta.json"
   echo "=== scenario $folder exit=$rc duration=${dur}s size=$(du -sh "$run" | cut -f1)"
 done

@@ -46,7 +46,14 @@ SCENARIOS = {
     "trace_healthy": dict(steps=12, lr=1e-3),
     "trace_slow_rank": dict(steps=12, lr=1e-3),
     "trace_large": dict(steps=16, lr=1e-3),
+    # issue 19 (several GPUs): what-if pairs traced on every rank, and cascades with the faulty rank chosen
+    "whatif_base": dict(steps=30, lr=1e-3),
+    "whatif_slow_rank": dict(steps=30, lr=1e-3),
+    "whatif_slow_loader": dict(steps=30, lr=1e-3),
+    "cascade_nccl_error": dict(steps=40, lr=1e-3),
+    "resume_mismatch": dict(steps=40, lr=1e-3),
 }
+FAULTY = int(os.environ.get("CAPTURE_FAULTY_RANK", "1"))  # the rank a fault is injected on
 
 GIB = 1024**3
 
@@ -96,6 +103,21 @@ def orjson_like(metrics):
     return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in metrics.items()}
 
 
+def resume_from_other_config(model, run_dir, rank, arch):
+    """resume_mismatch: resume from a checkpoint that an earlier run wrote with another model config (a larger
+    vocabulary, one layer fewer), as after changing the tokenizer and the depth between runs. Rank 0 writes
+    that earlier run's checkpoint; every rank then loads it, strictly, as a resume does."""
+    path = os.path.join(run_dir, "checkpoints", "global_step_40", "model.pt")
+    if rank == 0:
+        earlier = dict(arch, vocab=arch["vocab"] * 2, layers=arch["layers"] - 1)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.save(TinyLM(**earlier).state_dict(), path)
+    dist.barrier()
+    if rank == 0:
+        print(f"Resuming from {path}", flush=True)
+    model.load_state_dict(torch.load(path, map_location="cpu"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
@@ -125,6 +147,9 @@ def main():
     else:
         dev = torch.device("cpu")
         backend = "gloo"
+    if sc == "cascade_nccl_error" and rank == FAULTY:
+        # this rank alone cannot reach its peers: NCCL's bootstrap fails on it, the others wait for it
+        os.environ.update(NCCL_SOCKET_IFNAME="doesnotexist0", NCCL_IB_DISABLE="1")
     dist.init_process_group(backend, timeout=timedelta(seconds=args.pg_timeout))
 
     if args.tiny:
@@ -177,6 +202,8 @@ def main():
 
     torch.manual_seed(0)
     model = TinyLM(vocab, d, layers, heads, seq).to(dev)
+    if sc == "resume_mismatch":
+        resume_from_other_config(model, args.run_dir, rank, dict(vocab=vocab, d=d, layers=layers, heads=heads, seq=seq))
     no_ddp = os.environ.get("CAPTURE_NO_DDP") == "1"  # hand-rolled gradient all-reduce instead of DDP
     ddp = model if no_ddp else DDP(model, device_ids=[local_rank] if use_cuda else None)
     if no_ddp:
@@ -196,12 +223,15 @@ def main():
 
     leak = []  # leak_oom: rank 1's "rollout cache" that is never freed
     prof = None
-    if sc.startswith("trace_"):
+    if sc.startswith(("trace_", "whatif_")):
         from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
         if sc == "trace_large":
             sch = schedule(wait=2, warmup=2, active=10, repeat=1)
+            extra = dict(with_stack=True, profile_memory=True)
+        elif sc.startswith("whatif_"):  # the whole run after warm-up: steps to compare with and without the fault
+            sch = schedule(wait=2, warmup=2, active=steps - 4, repeat=1)
             extra = dict(with_stack=True, profile_memory=True)
         else:
             sch = schedule(wait=2, warmup=2, active=5, repeat=1)
@@ -238,10 +268,12 @@ def main():
         inp, tgt = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
 
         # ---------------- injected faults before the update ----------------
-        if sc == "stall_timeout_fr" and step == 10 and rank == 1:
+        if sc == "stall_timeout_fr" and step == 10 and rank == FAULTY:
             time.sleep(60)  # stuck in "data loading"
-        if sc == "sigkill" and step == 10 and rank == 1:
+        if sc == "sigkill" and step == 10 and rank == FAULTY:
             os.kill(os.getpid(), signal.SIGKILL)
+        if sc == "whatif_slow_loader" and rank == FAULTY:
+            time.sleep(0.05)  # a slow host-side data loader: the GPU of this rank idles, the others wait in NCCL
         if sc == "device_assert" and step == 8 and rank == 0:
             inp[3, 17] = vocab + 7  # corrupt token id >= vocab
         if sc == "leak_oom" and rank == 1 and step >= 2:
@@ -249,7 +281,7 @@ def main():
                 leak.append(torch.ones(6 * GIB // 2, dtype=torch.bfloat16, device=dev))
             else:
                 leak.append(torch.ones(1024))
-        if sc == "oom_then_timeout" and step == 12 and rank == 1:
+        if sc == "oom_then_timeout" and step == 12 and rank == FAULTY:
             try:
                 # log-prob pass over an over-long micro-batch: fp32 logits of a 152k-vocab
                 # model for 2 x 16384 tokens per micro-batch, kept until the loss is built
@@ -268,7 +300,7 @@ def main():
                 sys.exit(1)
         if sc in ("slow_rank",) and step >= 40 and rank == 1:
             extra_gpu_work(200)
-        if sc == "trace_slow_rank" and rank == 1:
+        if sc in ("trace_slow_rank", "whatif_slow_rank") and rank == FAULTY:
             extra_gpu_work(30)
 
         # ---------------- "rollout" statistics pass (no grad) ----------------

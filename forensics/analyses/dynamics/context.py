@@ -1,4 +1,4 @@
-"""Per-run metric curves: what detectors and checks read, and how their findings are built.
+"""Per-run metric curves: what detectors and checks read, and how their detections point at the log.
 
 The series table holds every sample of every source (console step lines, each rank's stdout, the
 file logger, nvidia-smi); a `Curve` is one metric by step with the duplicate copies joined, and a
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -18,7 +17,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from forensics.model import Evidence, Finding
+from forensics.analyses.explain.cuda_oom import oom_budget
+from forensics.catalogue import Detection
+from forensics.metric_semantics import Vocabulary, bundled
+from forensics.model import Evidence
 
 GPU_SOURCES = ("nvidia_smi", "dcgm")
 GIB_PER_MIB = 1 / 1024
@@ -58,33 +60,33 @@ class Context:
     mark_ts: dict[int, datetime]  # step -> time inferred from the nearest stamped line before it
     stamped: pl.DataFrame  # events with their own timestamp: file, line, ts
     config: dict[str, Any] = field(default_factory=dict)
+    vocabulary: Vocabulary = field(default_factory=bundled)
+
+    def judged(self, detector: str, kinds: tuple[str, ...] = ()) -> list[Curve]:
+        """The curves the metric files say `detector` judges (of these kinds, when given), by name."""
+        names = self.vocabulary.with_detector(self.curves, detector)
+        return [self.curves[n] for n in names if not kinds or self.vocabulary.kind(n) in kinds]
+
+    def first(self, detector: str, kinds: tuple[str, ...] = ()) -> Curve | None:
+        """The curve `detector` judges first: the metric files' order (verl's names before the others)."""
+        found = {c.metric: c for c in self.judged(detector, kinds)}
+        order = [s.name for s in self.vocabulary.specs if s.name in found]
+        return found[order[0]] if order else (next(iter(found.values())) if found else None)
+
+    def kind_of(self, metric: str) -> str:
+        return self.vocabulary.kind(metric)
 
 
 def metric_leaf(metric: str) -> str:
     return metric.rsplit("/", 1)[-1]
 
 
-def is_loss(metric: str) -> bool:
-    name = metric_leaf(metric)
-    return (name == "loss" or name.endswith("_loss")) and name not in ("entropy_loss", "kl_loss")
-
-
-def is_value_loss(metric: str) -> bool:
-    """A critic's value loss: noisy by nature (its targets move with the policy), not judged for bouncing."""
-    return metric.startswith("critic/") or metric_leaf(metric) in ("vf_loss", "value_loss")
-
-
-def is_grad_norm(metric: str) -> bool:
-    return metric_leaf(metric).endswith("grad_norm")
-
-
-def is_watched_for_non_finite(metric: str) -> bool:
-    name = metric_leaf(metric)
-    return name.endswith("loss") or name.endswith("grad_norm") or name in ("ppo_kl", "entropy")
-
-
-def _reduction(metric: str) -> str:
-    """verl reduces worker metrics with max for keys naming `max`, min for `min`, else mean."""
+def _reduction(metric: str, vocabulary: Vocabulary) -> str:
+    """How copies of one step are joined: the metric file's `reduce`, else verl's rule (max for keys naming
+    `max`, min for `min`, else mean)."""
+    given = vocabulary.spec(metric).reduce
+    if given:
+        return given
     if "max" in metric:
         return "max"
     if "min" in metric:
@@ -97,14 +99,15 @@ def warmup_steps(n: int) -> int:
     return min(10, max(2, n // 10))
 
 
-def step_curves(series: pl.DataFrame) -> dict[str, Curve]:
-    """One run-level curve per metric: the duplicate copies (console, per-rank stdout, JSONL) joined."""
+def step_curves(series: pl.DataFrame, vocabulary: Vocabulary | None = None) -> dict[str, Curve]:
+    """One run-level curve per metric: the copies of each step (one per rank) joined."""
+    vocabulary = vocabulary or bundled()
     by_step = series.filter(pl.col("step").is_not_null() & ~pl.col("source").is_in(GPU_SOURCES))
     if by_step.is_empty():
         return {}
     curves = {}
     for (metric,), part in by_step.group_by("metric"):
-        how = _reduction(str(metric))
+        how = _reduction(str(metric), vocabulary)
         agg = {"max": pl.col("value").max(), "min": pl.col("value").min()}.get(how, pl.col("value").mean())
         grouped = part.group_by("step").agg(agg.alias("value")).sort("step")
         curves[str(metric)] = Curve(
@@ -137,21 +140,15 @@ def rank_curves(series: pl.DataFrame) -> dict[str, dict[int, Curve]]:
 def _oom_memory(events: pl.DataFrame) -> tuple[float | None, float]:
     """(capacity, memory outside PyTorch's allocator) in GiB from a CUDA OOM message, when one was logged.
 
-    The message says how much of the GPU was in use in all (capacity - free) and how much PyTorch holds
-    (allocated + reserved but unallocated); the rest (CUDA context, NCCL buffers, other processes) is
-    not available to tensors, so a leak reaches its limit that much earlier.
+    The memory not available to tensors (CUDA context, NCCL buffers, other processes) makes a leak reach
+    its limit that much earlier.
     """
     oom = events.filter(pl.col("fields").str.contains('"capacity"', literal=True))
     for raw in oom.get_column("fields").to_list():
         fields = json.loads(raw)
-        capacity = _parse_size_gib(fields.get("capacity"))
-        if not capacity:
-            continue
-        parts = [_parse_size_gib(fields.get(k)) for k in ("free", "allocated", "reserved_unallocated")]
-        if all(p is not None for p in parts):
-            free, allocated, cached = parts
-            return capacity, max(0.0, capacity - free - allocated - cached)
-        return capacity, 0.0
+        budget = oom_budget({"tried": "0 B", **fields})
+        if budget is not None and budget.capacity:
+            return budget.capacity, budget.outside_allocator or 0.0
     return None, 0.0
 
 
@@ -165,17 +162,6 @@ def _capacity_gib(events: pl.DataFrame, environment: dict[str, Any], gpu: pl.Dat
         return float(total) * GIB_PER_MIB
     totals = gpu.filter(pl.col("metric") == "gpu/memory_total_mib").get_column("value")
     return float(totals.max()) * GIB_PER_MIB if totals.len() else None
-
-
-def _parse_size_gib(text: str | None) -> float | None:
-    if not text:
-        return None
-    number, _, unit = text.strip().partition(" ")
-    scale = {"GiB": 1.0, "GB": 1.0, "MiB": 1 / 1024, "MB": 1 / 1024, "TiB": 1024.0, "KiB": 1 / 1024**2}.get(unit)
-    try:
-        return float(number) * scale if scale else None
-    except ValueError:
-        return None
 
 
 def _marks(step_marks: list[tuple[str, int, int]], file_order: dict[str, int]) -> dict[int, tuple[str, int, int]]:
@@ -207,12 +193,14 @@ def build_context(
     file_order: dict[str, int],
     environment: dict[str, Any] | None = None,
     config: dict[str, Any] | None = None,
+    vocabulary: Vocabulary | None = None,
 ) -> Context:
+    vocabulary = vocabulary or bundled()
     gpu = series.filter(pl.col("source").is_in(GPU_SOURCES))
     marks = _marks(step_marks, file_order)
     stamped = events.filter(pl.col("ts").is_not_null() & ~pl.col("ts_inferred")).select("file", "line", "ts")
     return Context(
-        curves=step_curves(series),
+        curves=step_curves(series, vocabulary),
         rank_curves=rank_curves(series),
         gpu=gpu,
         capacity_gib=_capacity_gib(events, environment or {}, gpu),
@@ -221,6 +209,7 @@ def build_context(
         mark_ts=_mark_times(marks, events),
         stamped=stamped,
         config=config or {},
+        vocabulary=vocabulary,
     )
 
 
@@ -247,22 +236,18 @@ def value_at(curve: Curve, step: int) -> float:
     return float(curve.values[hit[0]]) if len(hit) else math.nan
 
 
-def make_finding(
+def detection(
     ctx: Context,
+    entry: str,
     *,
-    rule: str,
-    cls: str,
-    title: str,
-    severity: str,
-    layer: str,
     curve: Curve | None,
     steps: tuple[int, int],
     explanation: str,
-    remediation: list[str],
     fields: dict[str, Any] | None = None,
     rank: int | None = None,
-    symptom_of: tuple[str, ...] = (),
-) -> Finding:
+) -> Detection:
+    """What a detector found over `steps` (first, last) of `curve`, pointing at those steps' lines; the
+    catalogue entry `entry` describes it."""
     first, last = int(steps[0]), int(steps[1])
     evidence = []
     if curve is not None:
@@ -273,28 +258,19 @@ def make_finding(
     mark = ctx.marks.get(first)
     order = (mark[2], mark[1], 0) if mark else (1 << 30, first, 0)
     extra = {k: v.item() if isinstance(v, np.generic) else v for k, v in (fields or {}).items()}
-    return Finding(
-        rule=rule,
-        cls=cls,
-        title=title,
-        severity=severity,
-        layer=layer,
+    return Detection(
+        id=entry,
         rank=rank,
-        host=None,
-        role=None,
         ts=ctx.mark_ts.get(first),
         ts_inferred=True,
         order=order,
-        count=1,
         evidence=evidence,
         fields={
-            "detector": rule,
+            "detector": entry,
             **({"metric": curve.metric} if curve else {}),
             "steps": [first, last],
             **extra,
         },
-        remediation=remediation,
-        symptom_of=symptom_of,
         step=first,
         explanation=explanation,
     )
@@ -305,10 +281,6 @@ def pick(ctx: Context, *names: str) -> Curve | None:
         if name in ctx.curves:
             return ctx.curves[name]
     return None
-
-
-def matching(ctx: Context, predicate: Callable[[str], bool]) -> list[Curve]:
-    return [c for m, c in sorted(ctx.curves.items()) if predicate(m) and not m.startswith("val-")]
 
 
 def after_warmup(curve: Curve) -> Curve | None:

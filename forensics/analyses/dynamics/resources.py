@@ -20,18 +20,24 @@ from forensics.analyses.dynamics.context import (
     Context,
     Curve,
     after_warmup,
+    detection,
     fmt,
-    make_finding,
     pick,
     warmup_steps,
 )
 from forensics.analyses.dynamics.robust import change_point, kendall_tau, theil_sen
-from forensics.model import Finding
+from forensics.catalogue import Detection
 
 MEMORY_MIN_TAU = 0.7  # memory rises almost every step
 MEMORY_MIN_RISE_GIB = 1.0
 MEMORY_MIN_RISE_FRACTION = 0.05  # of the GPU's capacity
-THROUGHPUT_DROP = 0.15  # a sustained drop of 15% or more
+LENGTH_GROWTH_TAU = 0.5  # sequence lengths that rise this steadily explain memory that rises with them...
+LENGTH_MEMORY_RATIO = 3.0  # ...by up to three times their relative rise
+HINGE_CANDIDATES = 200  # break points tried when a leak may have begun mid-run
+HINGE_GAIN = 0.5  # the hinge must halve the squared error of a straight line to say the rise began later
+THROUGHPUT_DROP = 0.15  # a sustained drop of 15% or more...
+THROUGHPUT_STRENGTH = 8.0  # ...far outside the step-to-step noise (a shared or busy host moves it by less)
+THROUGHPUT_SEPARATION = 0.9  # ...with the steps before and after barely overlapping
 GPU_SHIFT_STRENGTH = 5.0  # noise units of the power spread between GPUs
 GPU_BUSY_RATIO = 1.5  # the straggler draws this much more power than the GPUs waiting for it
 SLOW_RANK_RATIO = 1.15
@@ -63,6 +69,51 @@ def _growth(x: np.ndarray, y: np.ndarray, min_rise: float) -> _Growth | None:
     return _Growth(slope, 0, tau)
 
 
+def growth_onset(x: np.ndarray, y: np.ndarray) -> int:
+    """Index where a flat-then-rising curve starts to rise: the break of the best hinge fit
+    y = a + b * max(0, x - x[c]) (a leak that begins mid-run, after a plateau), 0 when it rose throughout."""
+    n = len(y)
+    if n < 2 * MIN_POINTS:
+        return 0
+    candidates = np.unique(np.linspace(0, n - MIN_POINTS, min(n - MIN_POINTS, HINGE_CANDIDATES)).astype(int))
+    best, best_sse = 0, np.inf
+    for c in candidates:
+        h = np.maximum(0.0, x - x[c])
+        design = np.c_[np.ones(n), h]
+        coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+        sse = float(np.sum((design @ coef - y) ** 2))
+        if sse < best_sse and coef[1] > 0:
+            best, best_sse = int(c), sse
+    line = np.polyfit(x, y, 1)
+    if best_sse >= HINGE_GAIN * float(np.sum((np.polyval(line, x) - y) ** 2)):
+        return 0  # a straight rise fits as well: it grew from the start
+    return best
+
+
+def _relative_rise(y: np.ndarray) -> float:
+    head, tail = float(np.median(y[:3])), float(np.median(y[-3:]))
+    return tail / head - 1 if head > 0 else float("inf")
+
+
+def _lengths_grow(ctx: Context, memory: Curve) -> bool:
+    """Whether the sequences grew steadily over these steps (response length rising as an RL policy learns to
+    think longer) and as much as the memory did: memory that follows them is the workload, not a leak.
+
+    Activation memory grows with length, attention's up to its square: memory that rose by more than
+    LENGTH_MEMORY_RATIO times the length's relative rise is not explained by it."""
+    steps = memory.steps
+    for metric, curve in sorted(ctx.curves.items()):
+        if ctx.kind_of(metric) != "length" or "max" in metric or "min" in metric:
+            continue
+        finite = curve.finite()
+        window = finite.values[(finite.steps >= steps[0]) & (finite.steps <= steps[-1])]
+        if len(window) < MIN_POINTS or kendall_tau(window) < LENGTH_GROWTH_TAU:
+            continue
+        if _relative_rise(memory.values) <= LENGTH_MEMORY_RATIO * max(_relative_rise(window), 0.0):
+            return True
+    return False
+
+
 def _gpu_peaks(ctx: Context) -> dict[int, float]:
     used = ctx.gpu.filter((pl.col("metric") == "gpu/memory_used_mib") & pl.col("rank").is_not_null())
     if used.is_empty():
@@ -86,23 +137,11 @@ def _leaking_gpu(ctx: Context) -> tuple[int | None, str]:
     )
 
 
-def detect_memory_growth(ctx: Context) -> list[Finding]:
+def detect_memory_growth(ctx: Context) -> list[Detection]:
     """Memory that grows with every step (a leak), with the step at which it reaches the GPU's capacity."""
     out = []
-    for names, cls, what in (
-        (
-            (
-                "perf/max_memory_allocated_gb",
-                "actor/perf/max_memory_allocated_gb",
-                "perf/max_memory_reserved_gb",
-                "actor/perf/max_memory_reserved_gb",
-            ),
-            "cuda_oom",
-            "GPU",
-        ),
-        (("perf/cpu_memory_used_gb", "actor/perf/cpu_memory_used_gb"), "host_oom", "host"),
-    ):
-        curve = pick(ctx, *names)
+    for kind, cls, what in (("gpu_memory", "cuda_oom", "GPU"), ("host_memory", "host_oom", "host")):
+        curve = ctx.first("memory-growth", (kind,))
         if curve is None:
             continue
         finite = curve.finite()
@@ -115,6 +154,12 @@ def detect_memory_growth(ctx: Context) -> list[Finding]:
         growth = _growth(judged.steps.astype(float), judged.values, min_rise)
         if growth is None:
             continue
+        onset = growth_onset(judged.steps.astype(float), judged.values)
+        if onset:
+            judged = Curve(curve.metric, judged.steps[onset:], judged.values[onset:])
+            growth = _growth(judged.steps.astype(float), judged.values, min_rise) or growth
+        if _lengths_grow(ctx, judged):
+            continue  # longer sequences need more memory: the workload grew, not a leak
         first, last = int(judged.steps[0]), int(judged.steps[-1])
         fields: dict[str, Any] = {"growth_gib_per_step": round(growth.slope, 4), "leads_to": cls}
         explanation = (
@@ -135,21 +180,12 @@ def detect_memory_growth(ctx: Context) -> list[Finding]:
         rank, gpu_note = _leaking_gpu(ctx) if what == "GPU" else (None, "")
         explanation += gpu_note
         out.append(
-            make_finding(
+            detection(
                 ctx,
-                rule="memory-growth",
-                cls=cls,
-                title=f"{what} memory grows every step (leak)",
-                severity="warning",
-                layer="framework",
+                "memory-growth" if what == "GPU" else "host-memory-growth",
                 curve=curve,
                 steps=(first, last),
                 explanation=explanation,
-                remediation=[
-                    "Look for tensors kept across steps (lists of losses or logits not detached, caches that are "
-                    "never cleared, metrics holding GPU tensors); call .item() or .detach().cpu() on what you log.",
-                    "Compare torch.cuda.memory_allocated() at the start of consecutive steps to find where it grows.",
-                ],
                 fields=fields,
                 rank=rank,
             )
@@ -162,10 +198,10 @@ def detect_memory_growth(ctx: Context) -> list[Finding]:
 
 def _throughput_curve(ctx: Context) -> tuple[Curve, bool] | None:
     """(curve, higher_is_better): tokens/s when logged, else the step time."""
-    curve = pick(ctx, "perf/throughput")
+    curve = ctx.first("throughput-regression", ("throughput",))
     if curve is not None:
         return curve, True
-    curve = pick(ctx, "timing_s/step", "perf/time_per_step")
+    curve = ctx.first("throughput-regression", ("time",))
     return (curve, False) if curve is not None else None
 
 
@@ -216,7 +252,7 @@ def _straggler_gpu(ctx: Context) -> tuple[int | None, str]:
     )
 
 
-def detect_throughput_regression(ctx: Context) -> list[Finding]:
+def detect_throughput_regression(ctx: Context) -> list[Detection]:
     """A sustained drop in throughput (or rise in step time) after warm-up, with the step it began."""
     picked = _throughput_curve(ctx)
     if picked is None:
@@ -227,7 +263,9 @@ def detect_throughput_regression(ctx: Context) -> list[Finding]:
         return []
     y = judged.values if higher_is_better else -judged.values
     cp = change_point(y, min_size=max(3, len(y) // 10))
-    if cp is None or cp.shift >= 0 or not cp.is_step():
+    if cp is None or cp.shift >= 0 or not cp.is_step(min_separation=THROUGHPUT_SEPARATION):
+        return []
+    if cp.strength < THROUGHPUT_STRENGTH:
         return []
     drop = -cp.shift / abs(cp.before)
     if drop < THROUGHPUT_DROP:
@@ -248,29 +286,19 @@ def detect_throughput_regression(ctx: Context) -> list[Finding]:
     rank, note = _straggler_gpu(ctx)
     explanation += note or " A sudden, lasting slowdown points at one slow rank (a straggler) or a degraded link."
     return [
-        make_finding(
+        detection(
             ctx,
-            rule="throughput-regression",
-            cls="straggler",
-            title="Throughput dropped and stayed down",
-            severity="warning",
-            layer="infrastructure",
+            "throughput-regression",
             curve=curve,
             steps=(step, int(judged.steps[-1])),
             explanation=explanation,
-            remediation=[
-                "Find the slow rank: compare per-rank step or kernel times (a profiler trace of one step, or "
-                "nvidia-smi utilisation, clocks and power per GPU); check for thermal or power throttling and Xid "
-                "errors on its node.",
-                "If the slowdown follows a change in response length, it is the workload, not the hardware.",
-            ],
             fields={"before": before, "after": after, "drop": round(drop, 3)},
             rank=rank,
         )
     ]
 
 
-def detect_slow_rank(ctx: Context) -> list[Finding]:
+def detect_slow_rank(ctx: Context) -> list[Detection]:
     """One rank consistently slower than the others, where ranks log their own step times."""
     out = []
     for metric in ("timing_s/step", "perf/time_per_step", "timing_s/update_actor"):
@@ -290,23 +318,15 @@ def detect_slow_rank(ctx: Context) -> list[Finding]:
             continue
         curve = per_rank[slow]
         out.append(
-            make_finding(
+            detection(
                 ctx,
-                rule="slow-rank",
-                cls="straggler",
-                title=f"Rank {slow} is slower than the others",
-                severity="warning",
-                layer="infrastructure",
+                "slow-rank",
                 curve=curve,
                 steps=(int(curve.steps[0]), int(curve.steps[-1])),
                 explanation=(
                     f"rank {slow}'s median {metric} is {medians[slow]:.3g} s against {others:.3g} s for the other "
                     f"ranks (+{medians[slow] / others - 1:.0%}); every collective waits for it."
                 ),
-                remediation=[
-                    f"Check rank {slow}'s GPU (clocks, power and thermal throttling, Xid errors) and its data "
-                    "loading; move it to another node to see whether the slowness follows the hardware."
-                ],
                 fields={"rank_medians": {str(r): round(v, 4) for r, v in sorted(medians.items())}},
                 rank=slow,
             )
@@ -325,7 +345,7 @@ def _step_seconds(ctx: Context) -> float | None:
     return None
 
 
-def detect_stall(ctx: Context) -> list[Finding]:
+def detect_stall(ctx: Context) -> list[Detection]:
     """No new step for many times the usual step time before the log ends: the job stopped progressing."""
     if not ctx.marks:
         return []
@@ -344,13 +364,9 @@ def detect_stall(ctx: Context) -> list[Finding]:
     if gap < max(STALL_FACTOR * step_s, STALL_MIN_S):
         return []
     return [
-        make_finding(
+        detection(
             ctx,
-            rule="training-stall",
-            cls="hang",
-            title="Training stopped making steps",
-            severity="error",
-            layer="infrastructure",
+            "training-stall",
             curve=None,
             steps=(last, last),
             explanation=(
@@ -358,22 +374,6 @@ def detect_stall(ctx: Context) -> list[Finding]:
                 f"until {end_ts:%H:%M:%S} — {gap:.0f} s, {gap / step_s:.0f}x the usual step time of {step_s:.3g} s — "
                 f"without another step: the job hung in step {last + 1}."
             ),
-            remediation=[
-                "Find what the ranks were waiting for: py-spy dump of each rank, or the NCCL flight recorder "
-                "(TORCH_NCCL_TRACE_BUFFER_SIZE, TORCH_NCCL_DUMP_ON_TIMEOUT=1).",
-            ],
             fields={"gap_s": round(gap, 1), "step_s": round(step_s, 4)},
-            symptom_of=(
-                "cuda_oom",
-                "host_oom",
-                "process_killed",
-                "nccl_timeout",
-                "nccl_error",
-                "collective_mismatch",
-                "ray_actor_died",
-                "ray_node_died",
-                "cuda_error",
-                "gpu_hardware",
-            ),
         )
     ]

@@ -14,36 +14,18 @@ threshold asks for a large effect relative to the curve's own noise *and* to its
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
-import polars as pl
 
-from forensics.analyses.diagnosis import _sort_key
 from forensics.analyses.dynamics.context import (
     MIN_POINTS,
     Context,
     Curve,
     after_warmup,
-    build_context,
+    detection,
     fmt,
-    is_grad_norm,
-    is_loss,
-    is_value_loss,
-    is_watched_for_non_finite,
-    make_finding,
-    matching,
-    metric_leaf,
-    pick,
     runs_of,
     value_at,
-)
-from forensics.analyses.dynamics.resources import (
-    detect_memory_growth,
-    detect_slow_rank,
-    detect_stall,
-    detect_throughput_regression,
 )
 from forensics.analyses.dynamics.robust import (
     MAD_TO_SIGMA,
@@ -53,12 +35,11 @@ from forensics.analyses.dynamics.robust import (
     rolling_noise,
     trailing_median,
 )
-from forensics.model import Finding
+from forensics.catalogue import Detection
 
 NON_FINITE_RULE = "non-finite-loss"  # the YAML rule that catches the first non-finite step line
-# Findings that are usually the consequence of another instability (a divergence, a NaN, an oscillation):
-# when one of those is present they are listed as its symptoms, not as rival root causes.
-CONSEQUENCE_OF = ("training_instability",)
+LOSS_KINDS = ("loss", "value_loss")  # minimised: a loss that climbs back up is going the wrong way
+POSITIVE_LOSS_FLOOR = 0.1  # a policy loss above this at every step is a cross-entropy under that name
 
 DIVERGENCE_NOISE_K = 10.0  # a divergence stands this many noise units above where the loss started...
 DIVERGENCE_START_FRACTION = 0.25  # ...and a quarter above it...
@@ -68,21 +49,35 @@ DIVERGENCE_PROGRESS_FRACTION = 0.5  # or it climbs back, giving back half the pr
 EPISODE_SKIP = 2  # the first steps of a run are not judged (initial loss, first updates)
 EPISODE_HORIZON = 30  # steps over which the best level is remembered
 EPISODE_NOISE_MARGIN = 1.0  # an episode stands this many noise units above noise's own maximum...
-EPISODE_RELATIVE = 0.08  # ...and 8% above the best level so far
+EPISODE_RELATIVE = 0.08  # ...and 8% above the best level so far...
+EPISODE_MIN_STEPS = 2  # ...for two steps or more (one high step is a batch of long or odd samples)...
+EPISODE_SINGLE_STEP_RISE = 0.25  # ...unless that one step stands a quarter above the best level
 OSCILLATION_MIN_EPISODES = 3  # bouncing back up three times or more is an oscillation
 REGRESSION_MIN_STEPS = 5  # one long climb back up is a regression
-SPIKE_Z = 10.0  # robust z-score of a spike against the preceding window
+SPIKE_Z = {"low": 8.0, "medium": 10.0, "high": 12.0}  # robust z-score against the preceding window, by noise
 SPIKE_RATIO = 2.0  # and at least twice the local level
 SPIKE_WINDOW = 30  # a shorter window makes the MAD too unsteady for heavy-tailed grad norms
+EARLY_EXPLOSION_FACTOR = 2.0  # a positive loss at twice its start in the first fifth of the run...
+EXPLOSION_POINTS = 3  # ...at three steps or more
 EXPLOSION_FACTOR = 10.0  # grad norm 10x its early level, for EXPLOSION_MIN_STEPS steps in a row
 EXPLOSION_MIN_STEPS = 3
-ENTROPY_COLLAPSE_FRACTION = 0.1  # entropy ends below 10% of where it started
-KL_FACTOR = 10.0
-KL_FLOOR = {"ppo_kl": 0.05, "kl_loss": 0.5}
+ENTROPY_COLLAPSE_FRACTION = 0.1  # entropy ends below 10% of where it started...
+ENTROPY_SUDDEN_FACTOR = 0.5  # (a change point that halves it at once is a sudden fall)
+ENTROPY_REWARD_WINDOW = 10  # ...and the reward at the end is no better than over these steps before the fall
+ENTROPY_REWARD_GAIN_NOISE = 3.0  # (by more than this many noise units)
+KL_FACTOR = 10.0  # a KL this many times its recent history...
+KL_HISTORY_MIN = 10  # (the median of the 10 steps before, or a tenth of the run)
+KL_FLOOR = {"ppo_kl": 0.05, "kl": 0.5}  # ...and above this floor
 KL_MIN_STEPS = 3
 CLIPFRAC_HIGH = 0.2
 RESPONSE_CLIP_HIGH = 0.2
 REWARD_SHIFT_STRENGTH = 6.0  # noise units
+REWARD_HORIZON = 30  # a reward collapse falls from the best level of the last 30 steps...
+REWARD_MIN_HISTORY = 10  # (judged from the 10th step on)
+REWARD_AFTER = 5  # ...and the next 5 steps stand below it (and most of the next 10)...
+REWARD_LASTING = 10
+REWARD_DROP_NOISE = 6.0  # ...by 6 noise units...
+REWARD_DROP_FRACTION = 0.5  # ...and by half the range the reward had covered (or half its level)
 REWARD_SUDDEN_FRACTION = 0.5  # half the shift happens within three steps of the change point
 LENGTH_COLLAPSE_FRACTION = 0.3
 LENGTH_COLLAPSE_WINDOW = 3  # steps between the reward jump and the length drop
@@ -91,9 +86,9 @@ LENGTH_COLLAPSE_WINDOW = 3  # steps between the reward jump and the length drop
 # --- numerical failure -------------------------------------------------------------------------
 
 
-def detect_non_finite(ctx: Context) -> list[Finding]:
+def detect_non_finite(ctx: Context) -> list[Detection]:
     """The first step where a loss, grad norm, KL or entropy became NaN or inf, and whether it recovered."""
-    watched = matching(ctx, is_watched_for_non_finite)
+    watched = ctx.judged("non-finite")
     first_bad: dict[str, int] = {}
     bad_steps: set[int] = set()
     for curve in watched:
@@ -105,15 +100,15 @@ def detect_non_finite(ctx: Context) -> list[Finding]:
         return []
     start = min(first_bad.values())
     at_start = sorted(m for m, s in first_bad.items() if s == start)
-    primary = next((m for m in at_start if is_loss(m)), at_start[0])
+    primary = next((m for m in at_start if ctx.kind_of(m) in (*LOSS_KINDS, "policy_loss")), at_start[0])
     curve = ctx.curves[primary]
     before = curve.finite()
     before = Curve(primary, before.steps[before.steps < start], before.values[before.steps < start])
     last_step = int(max(int(c.steps[-1]) for c in watched))
     later = last_step - start + 1
     persisted = max(bad_steps) == last_step
-    only_grad_norm = all(is_grad_norm(m) for m in first_bad)
-    severity = "warning" if only_grad_norm and not persisted else "error"
+    only_grad_norm = all(ctx.kind_of(m) == "grad_norm" for m in first_bad)
+    entry = "non-finite-grad-norm-recovered" if only_grad_norm and not persisted else "non-finite-metric"
     prior = f" (last finite value {fmt(before.values[-1])} at step {before.steps[-1]})" if len(before) else ""
     also = (
         f"; also non-finite at that step: {', '.join(m for m in at_start if m != primary)}" if len(at_start) > 1 else ""
@@ -127,22 +122,12 @@ def detect_non_finite(ctx: Context) -> list[Finding]:
         outcome = f"{len(bad_steps)} step(s) were non-finite and training produced finite values again afterwards."
     explanation = f"{primary} was {fmt(value_at(curve, start))} at step {start}{prior}{also}. {outcome}"
     return [
-        make_finding(
+        detection(
             ctx,
-            rule="non-finite-metric",
-            cls="training_instability",
-            title="Loss or gradient norm became NaN/inf",
-            severity=severity,
-            layer="script",
+            entry,
             curve=curve,
             steps=(start, max(bad_steps)),
             explanation=explanation,
-            remediation=[
-                "Resume from the last checkpoint before step "
-                f"{start} with a lower learning rate (actor_rollout_ref.actor.optim.lr) and gradient clipping on.",
-                "Look at the batch of that step: extreme rewards or advantages, empty responses, or fp16 overflow "
-                "(keep the loss and softmax in fp32 under bf16).",
-            ],
             fields={"metrics": at_start[:10], "non_finite_steps": len(bad_steps), "recovered": not persisted},
         )
     ]
@@ -160,7 +145,12 @@ def _calm_noise(y: np.ndarray, window: int = 10) -> float:
 
 
 def _divergence(finite: Curve, last_logged: int) -> tuple[int, int, str] | None:
-    """(onset index, last index, how) of a divergence: far above the start, or back up to the end."""
+    """(onset index, last index, how) of a divergence: far above the start to the end of the log, or back up
+    for good, giving back much of what had been learnt.
+
+    An excursion above the start that comes back down (a warm-up bump, a bad stretch the run recovered
+    from) is not a divergence: the run went on learning; the episode detector judges it.
+    """
     y = finite.values
     smooth = rolling_median(y, 5)
     start = min(float(np.median(y[:3])), float(y[0]))  # a loss that explodes at once started at y[0]
@@ -169,23 +159,19 @@ def _divergence(finite: Curve, last_logged: int) -> tuple[int, int, str] | None:
         noise_margin = min(noise_margin, DIVERGENCE_EXPLOSION_FACTOR * start)  # tripling it is enough
     margin = max(noise_margin, DIVERGENCE_START_FRACTION * abs(start))
     runs = [(a, b) for a, b in runs_of(smooth > start + margin) if b - a + 1 >= DIVERGENCE_MIN_STEPS]
-    if runs:
-        b = runs[-1][1]
-        a = int(np.flatnonzero(y[: runs[0][0] + 1] <= start + margin)[-1]) + 1 if y[0] <= start + margin else 0
-        a = min(a, runs[0][0])
+    if runs and runs[-1][1] == len(y) - 1:  # still far above its start when the log ends
+        first, b = runs[-1]
+        below = np.flatnonzero(y[: first + 1] <= start + margin)
+        a = min(int(below[-1]) + 1 if len(below) else 0, first)
         peak = int(a + np.argmax(y[a : b + 1]))
         how = (
             f"{finite.metric} started at {fmt(start)} and from step {finite.steps[a]} climbed far above it, to "
             f"{fmt(float(y[peak]))} at step {finite.steps[peak]}"
         )
-        if b == len(y) - 1 and finite.steps[-1] < last_logged:
+        if finite.steps[-1] < last_logged:
             how += f", until it was no longer a number after step {finite.steps[-1]}."
-        elif b == len(y) - 1:
-            how += ", and was still there when the log ended."
         else:
-            tail = float(np.median(y[b + 1 :]))
-            how += f"; after step {finite.steps[b]} it came back down, to {fmt(tail)}"
-            how += "." if tail < start - margin else ", no better than where it started: the run learnt nothing."
+            how += ", and was still there when the log ended."
         return a, b, how
     tail = max(3, len(y) // 5)
     best = int(np.argmin(smooth[:-tail]))
@@ -200,6 +186,7 @@ def _divergence(finite: Curve, last_logged: int) -> tuple[int, int, str] | None:
     onset = best + int(above[0]) if len(above) else best
     if np.mean(y[onset:] > half) < 0.8:  # not sustained: bouncing, judged by the episode detector
         return None
+    onset = _left_edge(y, onset, level, half)
     how = (
         f"{finite.metric} fell to {fmt(level)} by step {finite.steps[best]}, then from step {finite.steps[onset]} "
         f"climbed back to {fmt(final)} (median of the last {tail} steps)"
@@ -209,37 +196,91 @@ def _divergence(finite: Curve, last_logged: int) -> tuple[int, int, str] | None:
     return onset, len(y) - 1, how + ", and did not come back down."
 
 
-def detect_divergence(ctx: Context) -> list[Finding]:
-    """A loss far above where it started for several steps, or one that climbs back up and stays there."""
+def _left_edge(y: np.ndarray, onset: int, level: float, half: float) -> int:
+    """The first step of the climb that crossed `half` at `onset`: the smoothed curve lags a sudden jump."""
+    quarter = level + (half - level) / 2
+    i = onset
+    while i > 0 and y[i - 1] > quarter:
+        i -= 1
+    return i
+
+
+def _loss_like(ctx: Context, curve: Curve) -> bool:
+    """A loss judged for divergence and oscillation: minimised losses, and a policy loss that is one in disguise.
+
+    A PPO/GRPO policy loss is a surrogate that crosses zero (advantages are centred) and is not minimised in
+    that sense, even when it is mostly positive (longer answers weigh more in a token mean). A cross-entropy
+    never reaches zero: a "policy loss" that stays above POSITIVE_LOSS_FLOOR at every step is an SFT or LM
+    loss logged under that name, and is judged as one.
+    """
+    kind = ctx.kind_of(curve.metric)
+    if kind == "policy_loss":
+        finite = curve.finite().values
+        return len(finite) > 0 and float(np.min(finite)) > POSITIVE_LOSS_FLOOR
+    return kind in LOSS_KINDS
+
+
+def _early_explosion(finite: Curve) -> tuple[int, int, float] | None:
+    """(first, last index, peak) of a positive loss that doubled its start in the first steps, then recovered.
+
+    A warm-up bump moves a loss by tens of percent; a loss at twice where it started (for at least
+    EXPLOSION_POINTS steps of the first stretch) is a learning rate too high from the start.
+    """
+    y = finite.values
+    if len(y) < MIN_POINTS + 2 or np.mean(y > 0) < 0.9:
+        return None
+    start = float(np.median(y[:3]))
+    head = y[: max(MIN_POINTS, len(y) // 5)]
+    high = np.flatnonzero(head >= EARLY_EXPLOSION_FACTOR * start)
+    if start <= 0 or len(high) < EXPLOSION_POINTS:
+        return None
+    return int(high[0]), int(high[-1]), float(np.max(head))
+
+
+def detect_divergence(ctx: Context) -> list[Detection]:
+    """A loss far above where it started to the end of the log, or one that climbs back up and stays there;
+    a positive loss that doubled in its first steps and recovered is a regression, not a divergence."""
     out = []
-    for curve in matching(ctx, is_loss):
+    for curve in [*ctx.judged("divergence"), *ctx.judged("policy-loss")]:
+        if not _loss_like(ctx, curve):
+            continue
         finite = curve.finite()
         if len(finite) < MIN_POINTS + 2:
             continue
         found = _divergence(finite, int(curve.steps[-1]))
         if found is None:
+            early = _early_explosion(finite) if ctx.kind_of(curve.metric) != "value_loss" else None
+            if early is not None:
+                out.append(_explosion_detection(ctx, curve, finite, *early))
             continue
         onset, last, how = found
         start = int(finite.steps[onset])
         out.append(
-            make_finding(
+            detection(
                 ctx,
-                rule="loss-divergence",
-                cls="training_instability",
-                title=f"{curve.metric} diverged",
-                severity="error",
-                layer="script",
+                "loss-divergence",
                 curve=curve,
                 steps=(start, int(finite.steps[last])),
                 explanation=how,
-                remediation=[
-                    "Lower the learning rate (actor_rollout_ref.actor.optim.lr, critic.optim.lr) or lengthen its "
-                    "warm-up; keep gradient clipping on (actor_rollout_ref.actor.grad_clip).",
-                    f"Resume from a checkpoint saved before step {start} rather than from the latest one.",
-                ],
             )
         )
     return out
+
+
+def _explosion_detection(ctx: Context, curve: Curve, finite: Curve, first: int, last: int, peak: float) -> Detection:
+    start = float(np.median(finite.values[:3]))
+    return detection(
+        ctx,
+        "loss-regression",
+        curve=curve,
+        steps=(int(finite.steps[first]), int(finite.steps[last])),
+        explanation=(
+            f"{curve.metric} started at {fmt(start)} and rose to {fmt(peak)} ({peak / start:.1f}x) by step "
+            f"{finite.steps[first]}, within the first steps, before it came back down: the first updates "
+            "overshot, as with a learning rate too high from the start (or too short a warm-up)."
+        ),
+        fields={"length": last - first + 1, "max_rise": round(peak / start - 1, 3)},
+    )
 
 
 def _episodes(y: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
@@ -249,7 +290,10 @@ def _episodes(y: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
     falling loss does not see its own future; a horizon, so that a long noisy run does not drift to its
     luckiest dip). An episode stands above it by EPISODE_RELATIVE of the level and by more than noise alone
     reaches over the run, (EPISODE_NOISE_MARGIN + sqrt(2 ln n)) sigmas, where sigma is how far the loss
-    dips *below* its trend: upward bounces, the mark of overshooting updates, do not inflate it.
+    dips *below* its trend: upward bounces, the mark of overshooting updates, do not inflate it. A single
+    high step is an episode only when it stands EPISODE_SINGLE_STEP_RISE above the level: variable lengths and
+    odd batches make smaller ones in healthy runs. Nothing counts before the loss has first fallen below its
+    start: a warm-up bump loses no progress.
     """
     trail = trailing_median(y, 9)
     windows = np.lib.stride_tricks.sliding_window_view(
@@ -259,16 +303,22 @@ def _episodes(y: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
     below = -float(np.percentile(y - rolling_median(y, 9), 15.87))  # one sigma below the trend
     k = EPISODE_NOISE_MARGIN + math.sqrt(2 * math.log(max(len(y), 2)))
     threshold = np.maximum(k * max(below, 0.0), EPISODE_RELATIVE * np.abs(best))
-    return runs_of(y - best > threshold), best
+    rise = (y - best) / np.maximum(np.abs(best), 1e-12)
+    start = float(np.median(y[:3]))
+    learnt = best < start - EPISODE_RELATIVE * abs(start)  # before it has learnt anything there is nothing to lose
+    runs = runs_of((y - best > threshold) & learnt)
+    kept = [(a, b) for a, b in runs if b - a + 1 >= EPISODE_MIN_STEPS or rise[a] >= EPISODE_SINGLE_STEP_RISE]
+    return kept, best
 
 
-def detect_loss_instability(ctx: Context) -> list[Finding]:
+def detect_loss_instability(ctx: Context) -> list[Detection]:
     """A positive loss that keeps bouncing back above its best level (oscillation), or climbs back for a while."""
     diverged = {f.fields["metric"] for f in detect_divergence(ctx)}
     out = []
-    for curve in matching(ctx, is_loss):
+    loss_like_policy = [c for c in ctx.judged("policy-loss") if _loss_like(ctx, c)]
+    for curve in [*ctx.judged("oscillation"), *loss_like_policy]:
         finite = curve.finite()
-        if curve.metric in diverged or is_value_loss(curve.metric) or len(finite) < MIN_POINTS + EPISODE_SKIP:
+        if curve.metric in diverged or len(finite) < MIN_POINTS + EPISODE_SKIP:
             continue
         judged = Curve(curve.metric, finite.steps[EPISODE_SKIP:], finite.values[EPISODE_SKIP:])
         y = judged.values
@@ -284,41 +334,33 @@ def detect_loss_instability(ctx: Context) -> list[Finding]:
         first, last = int(judged.steps[episodes[0][0]]), int(judged.steps[episodes[-1][1]])
         spans = [[int(judged.steps[a]), int(judged.steps[b])] for a, b in episodes]
         if len(episodes) >= OSCILLATION_MIN_EPISODES:
-            rule, title = "loss-oscillation", f"{curve.metric} oscillates"
+            entry = "loss-oscillation"
             explanation = (
                 f"{curve.metric} jumped back above the best level it had reached {len(episodes)} times between "
                 f"steps {first} and {last}, by up to {rise:.0%} (step {judged.steps[worst]}), instead of settling: "
                 "the updates overshoot, typically a learning rate at the edge of stability."
             )
         else:
-            rule, title = "loss-regression", f"{curve.metric} climbed back up for {length} steps"
+            entry = "loss-regression"
             explanation = (
                 f"{curve.metric} climbed back above the best level it had reached ({fmt(float(best[episodes[0][0]]))})"
                 f" from step {first} to step {last}, by up to {rise:.0%} at step {judged.steps[worst]}: an update "
                 "overshot and training spent those steps recovering."
             )
         out.append(
-            make_finding(
+            detection(
                 ctx,
-                rule=rule,
-                cls="training_instability",
-                title=title,
-                severity="warning",
-                layer="script",
+                entry,
                 curve=curve,
                 steps=(first, last),
                 explanation=explanation,
-                remediation=[
-                    "Lower the learning rate or lengthen its warm-up; keep gradient clipping on.",
-                    "If it coincides with grad-norm spikes, look at the batches of those steps for outliers.",
-                ],
-                fields={"episodes": len(episodes), "spans": spans[:50], "max_rise": round(rise, 3)},
+                fields={"episodes": len(episodes), "length": length, "spans": spans[:50], "max_rise": round(rise, 3)},
             )
         )
     return out
 
 
-def _spike_indices(y: np.ndarray) -> list[tuple[int, float, float]]:
+def _spike_indices(y: np.ndarray, z: float) -> list[tuple[int, float, float]]:
     """(index, z, local level) of points far above the window before them that then come back down."""
     if len(y) <= SPIKE_WINDOW:
         return []
@@ -330,19 +372,19 @@ def _spike_indices(y: np.ndarray) -> list[tuple[int, float, float]]:
     point = y[SPIKE_WINDOW:]
     excursion = point - level
     following = np.r_[y[SPIKE_WINDOW + 1 :], -np.inf]  # the last point counts as come back down
-    hits = (excursion / scale >= SPIKE_Z) & (excursion >= (SPIKE_RATIO - 1) * np.abs(level))
+    hits = (excursion / scale >= z) & (excursion >= (SPIKE_RATIO - 1) * np.abs(level))
     hits &= following < level + excursion / 2
     return [(int(j + SPIKE_WINDOW), float(excursion[j] / scale[j]), float(level[j])) for j in np.flatnonzero(hits)]
 
 
-def detect_spikes(ctx: Context) -> list[Finding]:
+def detect_spikes(ctx: Context) -> list[Detection]:
     """Single-step jumps of a loss or grad norm far above its recent level (robust z-score)."""
     out = []
-    for curve in matching(ctx, lambda m: is_loss(m) or is_grad_norm(m)):
+    for curve in ctx.judged("spike"):
         judged = after_warmup(curve)
         if judged is None:
             continue
-        spikes = _spike_indices(judged.values)
+        spikes = _spike_indices(judged.values, SPIKE_Z[ctx.vocabulary.spec(curve.metric).noise])
         if not spikes:
             continue
         steps = [int(judged.steps[i]) for i, _, _ in spikes]
@@ -361,31 +403,22 @@ def detect_spikes(ctx: Context) -> list[Finding]:
             "advantages); repeated ones mean the learning rate is at the edge of stability."
         )
         out.append(
-            make_finding(
+            detection(
                 ctx,
-                rule="metric-spike",
-                symptom_of=CONSEQUENCE_OF,
-                cls="training_instability",
-                title=f"Spikes in {curve.metric}",
-                severity="warning",
-                layer="script",
+                "metric-spike",
                 curve=curve,
                 steps=(steps[0], steps[-1]),
                 explanation=explanation,
-                remediation=[
-                    "Check the samples of the spike steps (dump them with trainer.rollout_data_dir) for outliers.",
-                    "Keep gradient clipping on; if spikes repeat, lower the learning rate.",
-                ],
                 fields={"spike_steps": steps[:50], "spans": [[s, s] for s in steps[:50]], "max_z": round(worst[1], 1)},
             )
         )
     return out
 
 
-def detect_grad_norm_explosion(ctx: Context) -> list[Finding]:
+def detect_grad_norm_explosion(ctx: Context) -> list[Detection]:
     """A gradient norm that stays an order of magnitude above its early level for several steps."""
     out = []
-    for curve in matching(ctx, is_grad_norm):
+    for curve in ctx.judged("grad-explosion"):
         judged = after_warmup(curve)
         if judged is None:
             continue
@@ -408,21 +441,12 @@ def detect_grad_norm_explosion(ctx: Context) -> list[Finding]:
             + " Clipping hides exploding gradients in the loss, so this is often the first sign of divergence."
         )
         out.append(
-            make_finding(
+            detection(
                 ctx,
-                rule="grad-norm-explosion",
-                symptom_of=CONSEQUENCE_OF,
-                cls="training_instability",
-                title=f"{curve.metric} exploded",
-                severity="error" if to_end else "warning",
-                layer="script",
+                "grad-norm-explosion" if to_end else "grad-norm-surge",
                 curve=curve,
                 steps=(int(judged.steps[a]), int(judged.steps[runs[-1][1]])),
                 explanation=explanation,
-                remediation=[
-                    "Lower the learning rate or lengthen its warm-up; keep actor_rollout_ref.actor.grad_clip at 1.0.",
-                    "Look for extreme advantages or rewards in the batches of these steps.",
-                ],
                 fields={"early": early, "peak": peak},
             )
         )
@@ -432,9 +456,54 @@ def detect_grad_norm_explosion(ctx: Context) -> list[Finding]:
 # --- RL-specific ---------------------------------------------------------------------------------
 
 
-def detect_entropy_collapse(ctx: Context) -> list[Finding]:
-    """Policy entropy that ends below a tenth of where it started: the policy stopped exploring."""
-    curve = pick(ctx, "actor/entropy", "entropy", "policy/entropy_avg")
+def _entropy_drop(finite: Curve) -> tuple[int, str] | None:
+    """(onset index, how) of a collapse of entropy: a sudden fall (a change point of log-entropy that is a
+    step), or else the half-way point of the fall in log space."""
+    log_y = np.log(np.maximum(finite.values, 1e-9))
+    cp = change_point(log_y, min_size=max(3, len(log_y) // 20))
+    if cp is not None and cp.shift < 0 and cp.is_step() and math.exp(cp.shift) <= ENTROPY_SUDDEN_FACTOR:
+        onset = _drop_start(log_y, cp.index)
+        return onset, f"it fell {math.exp(-cp.shift):.0f}x within a few steps from step {finite.steps[onset]}"
+    start, end = float(np.median(log_y[:3])), float(np.median(log_y[-max(3, len(log_y) // 5) :]))
+    crossed = np.flatnonzero(rolling_median(log_y, 3) < (start + end) / 2)
+    if not len(crossed):
+        return None
+    return int(crossed[0]), f"it crossed the half-way mark (in log scale) at step {finite.steps[crossed[0]]}"
+
+
+def _drop_start(log_y: np.ndarray, index: int) -> int:
+    """The first point of the fall that a change point put at `index` (the split lies mid-fall): back from
+    it while the curve is already clearly below the level of the ENTROPY_REWARD_WINDOW points before."""
+    level = float(np.median(log_y[max(0, index - ENTROPY_REWARD_WINDOW) : index]))
+    below = level - 3 * max(noise_scale(log_y[max(0, index - ENTROPY_REWARD_WINDOW) : index]), 0.05)
+    i = index
+    while i > 0 and log_y[i - 1] < below:
+        i -= 1
+    return i
+
+
+def _reward_after(ctx: Context, step: int) -> tuple[str, float, float, float] | None:
+    """(metric, level just before `step`, level at the end, noise) of the run's reward, when it logged one."""
+    reward = ctx.first("reward-collapse", ("reward",))
+    if reward is None:
+        return None
+    r = reward.finite()
+    before = r.values[(r.steps < step) & (r.steps >= step - ENTROPY_REWARD_WINDOW)]
+    after = r.values[r.steps >= step]
+    if len(before) < 3 or len(after) < 3:
+        return None
+    end = float(np.median(after[-max(3, len(after) // 3) :]))
+    return reward.metric, float(np.median(before)), end, max(noise_scale(r.values), 1e-12)
+
+
+def detect_entropy_collapse(ctx: Context) -> list[Detection]:
+    """Policy entropy gone (below a tenth of where it started) while the reward stalls or falls.
+
+    Entropy falling while the reward rises is learning: the policy grows sure of what works. A collapse is
+    exploration gone without the reward to show for it: after the fall the reward does not improve on the
+    level it had when entropy fell (GRPO's advantages vanish once every sample of a group is the same).
+    """
+    curve = ctx.first("entropy-collapse", ("entropy",))
     if curve is None:
         return []
     finite = curve.finite()
@@ -442,91 +511,112 @@ def detect_entropy_collapse(ctx: Context) -> list[Finding]:
         return []
     y = finite.values
     start_level = float(np.median(y[:3]))
-    tail = max(3, len(y) // 5)
-    end_level = float(np.median(y[-tail:]))
+    end_level = float(np.median(y[-max(3, len(y) // 5) :]))
     if start_level <= 0 or end_level >= ENTROPY_COLLAPSE_FRACTION * start_level:
         return []
-    smooth = rolling_median(y, 3)
-    onset = int(np.flatnonzero(smooth < (start_level + end_level) / 2)[0])
-    start, end = int(finite.steps[onset]), int(finite.steps[-1])
+    drop = _entropy_drop(finite)
+    if drop is None:
+        return []
+    onset, how = drop
+    start = int(finite.steps[onset])
+    reward = _reward_after(ctx, start)
+    if reward is not None:
+        name, before, end, noise = reward
+        if end > before + ENTROPY_REWARD_GAIN_NOISE * noise:
+            return []  # the reward kept improving after entropy fell: learning, not collapse
+        reward_note = (
+            f" {name} did not improve after it: {fmt(before)} over the {ENTROPY_REWARD_WINDOW} steps before, "
+            f"{fmt(end)} at the end."
+        )
+    else:
+        reward_note = " No reward was logged to tell whether the policy was still learning."
     explanation = (
         f"{curve.metric} fell from {fmt(start_level)} to {fmt(end_level)} ({end_level / start_level:.1%} of its "
-        f"start); it crossed the half-way mark at step {start}. The policy has become (nearly) deterministic: it "
-        "no longer explores, rewards stop improving, and it often precedes reward hacking or repetitive outputs."
+        f"start); {how}.{reward_note} The policy has become (nearly) deterministic: it no longer explores, and "
+        "GRPO/PPO advantages vanish once every sample of a group is the same."
     )
     return [
-        make_finding(
+        detection(
             ctx,
-            rule="entropy-collapse",
-            symptom_of=CONSEQUENCE_OF,
-            cls="training_instability",
-            title="Policy entropy collapsed",
-            severity="warning",
-            layer="script",
+            "entropy-collapse",
             curve=curve,
-            steps=(start, end),
+            steps=(start, int(finite.steps[-1])),
             explanation=explanation,
-            remediation=[
-                "Lower the learning rate; raise the rollout temperature or add an entropy bonus "
-                "(actor_rollout_ref.actor.entropy_coeff).",
-                "Use clip-higher (actor_rollout_ref.actor.clip_ratio_high > clip_ratio_low) to keep exploring.",
-            ],
             fields={"start": start_level, "end": end_level},
         )
     ]
 
 
-def detect_kl_blowup(ctx: Context) -> list[Finding]:
-    """The policy moving far from the old policy (ppo_kl) or from the reference (kl_loss)."""
+def _history_level(y: np.ndarray, window: int) -> np.ndarray:
+    """For each point, the median of the `window` points before it (its recent history); inf before 3 points."""
+    level = np.full(len(y), np.inf)
+    for i in range(3, min(window, len(y))):
+        level[i] = np.median(y[:i])
+    if len(y) > window:
+        level[window:] = np.median(np.lib.stride_tricks.sliding_window_view(y[:-1], window), axis=1)
+    return level
+
+
+def detect_kl_blowup(ctx: Context) -> list[Detection]:
+    """A KL that jumps an order of magnitude above its own recent history and stays there.
+
+    KL to the reference grows as the policy learns (normal up to a bound), so it is judged against its own
+    recent past, not its first steps; when the KL coefficient changed at that step, the finding says so.
+    """
     out = []
-    for curve in matching(ctx, lambda m: metric_leaf(m) in KL_FLOOR):
+    for curve in ctx.judged("kl-blowup", ("kl", "ppo_kl")):
         judged = after_warmup(curve)
         if judged is None:
             continue
         y = np.abs(judged.values)
-        early = float(np.median(y[: max(3, len(y) // 4)]))
-        limit = max(KL_FACTOR * early, KL_FLOOR[metric_leaf(curve.metric)])
-        runs = [(a, b) for a, b in runs_of(rolling_median(y, 3) > limit) if b - a + 1 >= KL_MIN_STEPS]
+        window = max(KL_HISTORY_MIN, len(y) // 10)
+        history = _history_level(y, window)
+        floor = KL_FLOOR[ctx.kind_of(curve.metric)]
+        limit = np.maximum(KL_FACTOR * history, floor)
+        high = rolling_median(y, 3) > limit
+        runs = [(a, b) for a, b in runs_of(high) if b - a + 1 >= KL_MIN_STEPS]
         if not runs:
             continue
-        a, b = runs[0][0], runs[-1][1]
+        a, b = runs[0]
         peak = float(np.max(y[a : b + 1]))
+        step = int(judged.steps[a])
         explanation = (
-            f"|{curve.metric}| rose above {fmt(limit)} ({KL_FACTOR:.0f}x its early level of {fmt(early)}, or the "
-            f"floor of {fmt(KL_FLOOR[metric_leaf(curve.metric)])}) from step {judged.steps[a]}, "
-            f"peaking at {fmt(peak)}. "
+            f"|{curve.metric}| jumped from a recent level of {fmt(float(history[a]))} to {fmt(float(y[a]))} at step "
+            f"{step} ({float(y[a]) / max(float(history[a]), 1e-12):.0f}x; the limit is {KL_FACTOR:.0f}x its recent "
+            f"level and at least {fmt(floor)}) for {b - a + 1} steps, peaking at {fmt(peak)}. "
             + (
                 "Each update moves the policy far from the one that generated the rollouts: the PPO ratio is "
                 "clipped for most tokens and the update is no longer trustworthy."
-                if metric_leaf(curve.metric) == "ppo_kl"
+                if ctx.kind_of(curve.metric) == "ppo_kl"
                 else "The policy is drifting far from the reference model; the KL penalty no longer holds it."
             )
+            + _coefficient_change(ctx, step)
         )
         out.append(
-            make_finding(
+            detection(
                 ctx,
-                rule="kl-blowup",
-                symptom_of=CONSEQUENCE_OF,
-                cls="training_instability",
-                title=f"KL blow-up in {curve.metric}",
-                severity="warning",
-                layer="script",
+                "kl-blowup",
                 curve=curve,
-                steps=(int(judged.steps[a]), int(judged.steps[b])),
+                steps=(step, int(judged.steps[b])),
                 explanation=explanation,
-                remediation=[
-                    "Lower the learning rate or ppo_epochs; use a larger ppo_mini_batch_size.",
-                    "Raise actor_rollout_ref.actor.kl_loss_coef (or algorithm.kl_ctrl.kl_coef) if the reference "
-                    "KL grows unchecked; check that rollout and actor use the same weights (weight sync).",
-                ],
-                fields={"early": early, "peak": peak, "limit": limit},
+                fields={"history": float(history[a]), "peak": peak, "limit": float(limit[a])},
             )
         )
     return out
 
 
-def _sustained_high(ctx: Context, names: tuple[str, ...], limit: float) -> tuple[Curve, Curve, float] | None:
-    curve = pick(ctx, *names)
+def _coefficient_change(ctx: Context, step: int) -> str:
+    """A note when the KL coefficient changed near `step` (a resumed run with another config, a schedule)."""
+    for curve in (c for m, c in sorted(ctx.curves.items()) if ctx.kind_of(m) == "kl_coef"):
+        before = curve.values[curve.steps < step - 1]
+        after = curve.values[curve.steps >= step - 1]
+        if len(before) and len(after) and float(before[-1]) != float(after[0]):
+            return f" {curve.metric} changed from {fmt(float(before[-1]))} to {fmt(float(after[0]))} at that step."
+    return ""
+
+
+def _sustained_high(ctx: Context, detector: str, limit: float) -> tuple[Curve, Curve, float] | None:
+    curve = ctx.first(detector)
     if curve is None:
         return None
     judged = after_warmup(curve)
@@ -537,22 +627,17 @@ def _sustained_high(ctx: Context, names: tuple[str, ...], limit: float) -> tuple
     return (curve, judged, level) if level > limit else None
 
 
-def detect_clip_fraction(ctx: Context) -> list[Finding]:
+def detect_clip_fraction(ctx: Context) -> list[Detection]:
     """More than a fifth of the tokens clipped by PPO for most of the run."""
-    hit = _sustained_high(ctx, ("actor/pg_clipfrac", "policy/clipfrac_avg"), CLIPFRAC_HIGH)
+    hit = _sustained_high(ctx, "clip-fraction", CLIPFRAC_HIGH)
     if hit is None:
         return []
     curve, judged, level = hit
     above = np.flatnonzero(judged.values > CLIPFRAC_HIGH)
     return [
-        make_finding(
+        detection(
             ctx,
-            rule="clip-fraction-high",
-            symptom_of=CONSEQUENCE_OF,
-            cls="training_instability",
-            title="PPO clip fraction too high",
-            severity="warning",
-            layer="script",
+            "clip-fraction-high",
             curve=curve,
             steps=(int(judged.steps[above[0]]), int(judged.steps[-1])),
             explanation=(
@@ -560,18 +645,14 @@ def detect_clip_fraction(ctx: Context) -> list[Finding]:
                 f"{CLIPFRAC_HIGH:.0%}): for that share of tokens the update is cut off by the PPO clip, so each "
                 "step moves the policy too far from the one that generated the rollouts."
             ),
-            remediation=[
-                "Lower the learning rate or ppo_epochs, or raise ppo_mini_batch_size so that each update is smaller.",
-                "Check that rollout log-probs match the actor's (same dtype, weights synced every step).",
-            ],
             fields={"median_second_half": level},
         )
     ]
 
 
-def detect_response_clipping(ctx: Context) -> list[Finding]:
+def detect_response_clipping(ctx: Context) -> list[Detection]:
     """Responses that hit max_response_length: truncated answers are scored as wrong or unparsable."""
-    hit = _sustained_high(ctx, ("response_length/clip_ratio",), RESPONSE_CLIP_HIGH)
+    hit = _sustained_high(ctx, "response-truncation", RESPONSE_CLIP_HIGH)
     if hit is None:
         return []
     curve, judged, level = hit
@@ -579,13 +660,9 @@ def detect_response_clipping(ctx: Context) -> list[Finding]:
     limit = ctx.config.get("data.max_response_length")
     limit_text = f" (data.max_response_length={limit})" if limit is not None else ""
     return [
-        make_finding(
+        detection(
             ctx,
-            rule="responses-truncated",
-            cls="training_instability",
-            title="Responses hit the maximum length",
-            severity="warning",
-            layer="script",
+            "responses-truncated",
             curve=curve,
             steps=(int(judged.steps[above[0]]), int(judged.steps[-1])),
             explanation=(
@@ -593,145 +670,103 @@ def detect_response_clipping(ctx: Context) -> list[Finding]:
                 "the second half of the run. Truncated answers get no final answer to score, which biases rewards "
                 "and pushes length in whichever direction the reward prefers."
             ),
-            remediation=[
-                "Raise data.max_response_length (and the rollout's max_model_len), or penalise overlong responses "
-                "(e.g. DAPO's overlong reward shaping).",
-                "If lengths grow without bound, check for repetition loops in the dumped generations.",
-            ],
             fields={"median_second_half": level},
         )
     ]
 
 
-def detect_reward_shift(ctx: Context) -> list[Finding]:
-    """A sudden reward collapse, or a sudden reward jump while response length collapses (reward hacking)."""
-    reward = pick(ctx, "critic/score/mean", "critic/rewards/mean")
+def _reward_drop(y: np.ndarray) -> tuple[int, float, float, float] | None:
+    """(onset index, level before, level after, noise) of a sudden, lasting fall of a reward.
+
+    The level before is the best trailing 9-step median of the last REWARD_HORIZON steps (a reward that
+    rises sets a new level); after a drop the next REWARD_AFTER steps must stay below it by
+    REWARD_DROP_NOISE noise units and by REWARD_DROP_FRACTION of the range the reward had covered, and
+    most of the REWARD_LASTING steps after it too (a policy may later learn to game a broken reward).
+    """
+    n = len(y)
+    noise = max(noise_scale(y), 1e-12)
+    trail = trailing_median(y, 9)
+    ahead = REWARD_AFTER
+    for i in range(REWARD_MIN_HISTORY, n - ahead + 1):
+        best = float(np.max(trail[max(0, i - REWARD_HORIZON) : i]))
+        seen = float(np.max(trail[:i]) - np.min(trail[:i]))
+        after = float(np.median(y[i : i + ahead]))
+        drop = best - after
+        if drop < REWARD_DROP_NOISE * noise or drop < REWARD_DROP_FRACTION * max(seen, abs(best)):
+            continue
+        if float(np.median(y[i : i + REWARD_LASTING])) > best - drop / 2:  # it came back at once: a dip
+            continue
+        onset = i + int(np.flatnonzero(y[i : i + ahead] < best - drop / 2)[0])
+        return onset, best, float(np.median(y[onset:])), noise
+    return None
+
+
+def detect_reward_collapse(ctx: Context) -> list[Detection]:
+    """A sudden, lasting fall of the reward from the level it had reached."""
+    reward = ctx.first("reward-collapse", ("reward",))
+    if reward is None:
+        return []
+    finite = reward.finite()
+    if len(finite) < REWARD_MIN_HISTORY + REWARD_AFTER:
+        return []
+    found = _reward_drop(finite.values)
+    if found is None:
+        return []
+    onset, before, after, noise = found
+    step = int(finite.steps[onset])
+    explanation = (
+        f"{reward.metric} fell from the {fmt(before)} it had reached to {fmt(after)} (median from then on) at "
+        f"step {step}, {(before - after) / noise:.0f}x its step-to-step noise. A sudden "
+        "collapse points to a broken policy (a diverged update, corrupted weights after a bad weight sync) or "
+        "a broken reward function (a parser or format change)."
+    )
+    return [
+        detection(
+            ctx,
+            "reward-collapse",
+            curve=reward,
+            steps=(step, int(finite.steps[-1])),
+            explanation=explanation,
+            fields={"before": before, "after": after},
+        )
+    ]
+
+
+def detect_reward_hacking(ctx: Context) -> list[Detection]:
+    """A sudden reward jump while response length collapses: a shortcut in the reward."""
+    reward = ctx.first("reward-collapse", ("reward",))
     if reward is None:
         return []
     judged = after_warmup(reward)
     if judged is None:
         return []
     cp = change_point(judged.values)
-    if cp is None or cp.strength < REWARD_SHIFT_STRENGTH or not cp.is_step(min_sudden=REWARD_SUDDEN_FRACTION):
+    if cp is None or cp.shift <= 0 or cp.strength < REWARD_SHIFT_STRENGTH:
+        return []
+    if not cp.is_step(min_sudden=REWARD_SUDDEN_FRACTION):
         return []
     step = int(judged.steps[cp.index])
-    length = pick(ctx, "response_length/mean")
-    length_note, length_drop = "", None
-    if length is not None:
-        lj = after_warmup(length)
-        lcp = change_point(lj.values) if lj is not None else None
-        near = lcp is not None and abs(int(lj.steps[lcp.index]) - step) <= LENGTH_COLLAPSE_WINDOW
-        if near and lcp.shift < 0 and -lcp.relative_shift >= LENGTH_COLLAPSE_FRACTION:
-            length_drop = -lcp.relative_shift
-            length_note = (
-                f" At the same time response_length/mean fell from {fmt(lcp.before)} to {fmt(lcp.after)} "
-                f"(-{length_drop:.0%}) at step {lj.steps[lcp.index]}."
-            )
-    symptom_of: tuple[str, ...] = ()
-    if cp.shift < 0:
-        rule, title, symptom_of = "reward-collapse", "Reward collapsed", CONSEQUENCE_OF
-        explanation = (
-            f"{reward.metric} dropped from {fmt(cp.before)} to {fmt(cp.after)} at step {step} "
-            f"({cp.strength:.0f}x its step-to-step noise) and stayed down.{length_note} A sudden collapse points to a "
-            "broken policy (diverged update, corrupted weights after a bad weight sync) or a broken reward function."
-        )
-    elif length_drop is not None:
-        rule, title = "reward-hacking", "Reward jumped while responses collapsed"
-        explanation = (
-            f"{reward.metric} jumped from {fmt(cp.before)} to {fmt(cp.after)} at step {step}.{length_note} A "
-            "reward that rises suddenly while answers get much shorter usually means the policy found a shortcut "
-            "in the reward function (reward hacking) rather than solving the task."
-        )
-    else:
+    length = ctx.first("length-collapse", ("length",))
+    lj = after_warmup(length) if length is not None else None
+    lcp = change_point(lj.values) if lj is not None else None
+    if lcp is None or abs(int(lj.steps[lcp.index]) - step) > LENGTH_COLLAPSE_WINDOW:
         return []
+    if lcp.shift >= 0 or -lcp.relative_shift < LENGTH_COLLAPSE_FRACTION:
+        return []
+    length_drop = -lcp.relative_shift
+    explanation = (
+        f"{reward.metric} jumped from {fmt(cp.before)} to {fmt(cp.after)} at step {step}. At the same time "
+        f"{length.metric} fell from {fmt(lcp.before)} to {fmt(lcp.after)} (-{length_drop:.0%}) at step "
+        f"{lj.steps[lcp.index]}. A reward that rises suddenly while answers get much shorter usually means the "
+        "policy found a shortcut in the reward function (reward hacking) rather than solving the task."
+    )
     return [
-        make_finding(
+        detection(
             ctx,
-            rule=rule,
-            cls="training_instability",
-            title=title,
-            severity="warning",
-            layer="script",
+            "reward-hacking",
             curve=reward,
             steps=(step, int(judged.steps[-1])),
             explanation=explanation,
-            remediation=[
-                "Read the generations dumped around that step (trainer.rollout_data_dir) next to their rewards.",
-                "Harden the reward function (format checks, length penalties) and resume from before the shift.",
-            ],
-            fields={"before": cp.before, "after": cp.after, **({"length_drop": length_drop} if length_drop else {})},
-            symptom_of=symptom_of,
+            fields={"before": cp.before, "after": cp.after, "length_drop": length_drop},
         )
     ]
-
-
-DETECTORS: tuple[Callable[[Context], list[Finding]], ...] = (
-    detect_non_finite,
-    detect_divergence,
-    detect_loss_instability,
-    detect_spikes,
-    detect_grad_norm_explosion,
-    detect_entropy_collapse,
-    detect_kl_blowup,
-    detect_clip_fraction,
-    detect_response_clipping,
-    detect_reward_shift,
-    detect_memory_growth,
-    detect_throughput_regression,
-    detect_slow_rank,
-    detect_stall,
-)
-
-
-def detect(
-    series: pl.DataFrame,
-    events: pl.DataFrame,
-    step_marks: list[tuple[str, int, int]],
-    file_order: dict[str, int],
-    environment: dict[str, Any] | None = None,
-    config: dict[str, Any] | None = None,
-    warnings: list[str] | None = None,
-) -> list[Finding]:
-    """Every detector's findings for one run; a detector that fails is skipped with a warning."""
-    ctx = build_context(series, events, step_marks, file_order, environment, config)
-    out = []
-    for detector in DETECTORS:
-        try:
-            out.extend(detector(ctx))
-        except (ValueError, IndexError, ArithmeticError, pl.exceptions.PolarsError) as exc:
-            if warnings is not None:
-                warnings.append(f"detector {detector.__name__} skipped: {type(exc).__name__}: {exc}")
-    return out
-
-
-def add_detector_findings(findings: list[Finding], detected: list[Finding]) -> list[Finding]:
-    """Rule findings plus detector findings, in time order.
-
-    The `non-finite-loss` rule already caught the first NaN step line; the detector's finding adds the
-    first step and metric to it (and whether training recovered) instead of standing beside it. A NaN
-    that follows a divergence is where the divergence ended, so it becomes its symptom.
-    """
-    out = list(findings)
-    by_rule = [f for f in findings if f.rule == NON_FINITE_RULE]
-    for finding in detected:
-        if finding.rule == "non-finite-metric" and by_rule:
-            target = min(by_rule, key=_sort_key)
-            target.fields.update({k: v for k, v in finding.fields.items() if k != "detector"})
-            target.explanation = finding.explanation
-            target.step = finding.step
-            continue
-        out.append(finding)
-    _nan_after_divergence(out)
-    return sorted(out, key=_sort_key)
-
-
-def _nan_after_divergence(findings: list[Finding]) -> None:
-    diverged = [f for f in findings if f.rule == "loss-divergence" and f.step is not None]
-    for nan in (f for f in findings if f.rule in (NON_FINITE_RULE, "non-finite-metric") and f.step is not None):
-        earlier = [d for d in diverged if d.step < nan.step]
-        if earlier:
-            first = min(earlier, key=lambda d: d.step)
-            nan.symptom_of = (*nan.symptom_of, "training_instability")
-            nan.explanation += (
-                f" It ends the divergence of {first.fields.get('metric')} that began at step {first.step}."
-            )

@@ -17,6 +17,19 @@ Scenarios (default: all, in this order):
                        is SIGKILLed (by PID) after step 5
   ray_node_hang        same two nodes; after step 5 every process of the second node is
                        SIGSTOPped (a node that hangs / drops off the network)
+  ray_hang_interrupt   WorkerDict rank 1 blocks forever in update_actor at step 6; after
+                       --hang-s seconds (default 600) without progress the driver's process
+                       group gets SIGINT, as Ctrl-C in its terminal sends (KeyboardInterrupt)
+  ray_worker_import_error   every WorkerDict imports the rollout backend (vllm), which is not
+                       installed: RayTaskError(ModuleNotFoundError) in init_model
+  ray_worker_config_error   the WorkerDicts' batch-size normalisation assertion (verl's
+                       fsdp_workers): ppo_micro_batch_size_per_gpu=3 does not divide 2
+  ray_task_retried     the reward task of step 3 fails twice (retry_exceptions) and succeeds
+                       on its third attempt; the run finishes, exit 0
+  ray_unschedulable    the WorkerDicts ask for a GPU on a CPU-only cluster: the placement group
+                       never becomes ready; the user interrupts (SIGINT) after 10 minutes
+  ray_auth_token       `ray start --head` with token auth; a second node and then the driver
+                       use another token (a stale RAY_AUTH_TOKEN): both are refused
 
 For each scenario, under <out>/<scenario>/:
   driver.log                         stdout+stderr of the driver (python main_ppo.py ...)
@@ -55,6 +68,12 @@ SCENARIOS = [
     "ray_config_error",
     "ray_node_died",
     "ray_node_hang",
+    "ray_hang_interrupt",
+    "ray_worker_import_error",
+    "ray_worker_config_error",
+    "ray_task_retried",
+    "ray_unschedulable",
+    "ray_auth_token",
 ]
 SHORT = {
     "ray_healthy": "h",
@@ -63,7 +82,15 @@ SHORT = {
     "ray_config_error": "cfg",
     "ray_node_died": "n",
     "ray_node_hang": "n",
+    "ray_hang_interrupt": "hi",
+    "ray_worker_import_error": "imp",
+    "ray_worker_config_error": "wcfg",
+    "ray_task_retried": "rt",
+    "ray_unschedulable": "us",
+    "ray_auth_token": "at",
 }
+HANG_S = 600
+TWO_NODES = {"n": ("n", "n2"), "at": ("at", "at2")}  # the temp dirs of the scenarios that start two nodes
 GIB = 1024**3
 
 
@@ -171,7 +198,11 @@ def driver_cmd(overrides):
 
 
 # ---------------------------------------------------------------- scenarios
-def run_single_node(scenario, outdir, meta, steps=20, fault=None, extra_env=None, extra_overrides=(), timeout=300):
+def run_single_node(
+    scenario, outdir, meta, steps=20, fault=None, extra_env=None, extra_overrides=(), timeout=300, interrupt_after=None
+):
+    """One local cluster started by the driver's ray.init; `interrupt_after` seconds: SIGINT the driver then
+    (a user pressing Ctrl-C on a job that makes no progress), else kill it at `timeout`."""
     temp_dir = os.path.join(TMP_ROOT, SHORT[scenario])
     shutil.rmtree(temp_dir, ignore_errors=True)
     env = base_env(scenario)
@@ -192,9 +223,68 @@ def run_single_node(scenario, outdir, meta, steps=20, fault=None, extra_env=None
     log(f"{scenario}: {' '.join(cmd[1:])}  env={env_over}")
     t0 = time.time()
     with open(os.path.join(outdir, "driver.log"), "wb") as f:
-        proc = subprocess.Popen(cmd, cwd=outdir, env=env, stdout=f, stderr=subprocess.STDOUT)
+        # a shell's background job ignores SIGINT, and its children inherit that: give the driver Ctrl-C back
+        sigint = (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if interrupt_after is not None else None
+        proc = subprocess.Popen(cmd, cwd=outdir, env=env, stdout=f, stderr=subprocess.STDOUT, preexec_fn=sigint)
+        if interrupt_after is not None:
+            try:
+                proc.wait(timeout=interrupt_after)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGINT)
+                meta["interrupted_after_s"] = interrupt_after
         try:
             rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = "timeout"
+    meta["driver_exit_code"] = rc
+    meta["driver_wall_s"] = round(time.time() - t0, 1)
+    time.sleep(1)
+    meta["leftover_killed"] = kill_tagged(scenario, [temp_dir])
+    meta["session_logs"] = copy_session_logs(temp_dir, os.path.join(outdir, "ray_session"))
+    return rc
+
+
+def scenario_hang_interrupt(scenario, outdir, meta, hang_step=6):
+    """A worker deadlocks at `hang_step`; after HANG_S seconds the user presses Ctrl-C in the driver's terminal."""
+    temp_dir = os.path.join(TMP_ROOT, SHORT[scenario])
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    env = base_env(scenario)
+    env_over = {"FORENSICS_FAULT": f"hang@{hang_step}:1"}
+    env.update(env_over)
+    overrides = [
+        "trainer.total_training_steps=20",
+        "ray_kwargs.ray_init.num_cpus=2",
+        "+ray_kwargs.ray_init.address=local",
+        f"+ray_kwargs.ray_init._temp_dir={temp_dir}",
+    ]
+    cmd = driver_cmd(overrides)
+    meta.update(cmd=cmd, env_overrides=env_over, temp_dir=temp_dir, hang_s=HANG_S)
+    log(f"{scenario}: {' '.join(cmd[1:])}  env={env_over}")
+    t0 = time.time()
+    dlog = os.path.join(outdir, "driver.log")
+    with open(dlog, "wb") as f:
+        # its own process group, as a shell gives a foreground job: Ctrl-C signals the whole group. SIGINT is
+        # set back to its default: a capture started in the background (`nohup ... &`) inherits it ignored,
+        # and Python then never raises KeyboardInterrupt.
+        proc = subprocess.Popen(
+            cmd,
+            cwd=outdir,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        if wait_for_line(dlog, f"step:{hang_step - 1} - ", proc, timeout=240):
+            time.sleep(HANG_S)
+            meta["interrupted_at_s"] = round(time.time() - t0, 1)
+            log(f"{scenario}: SIGINT to the driver's process group {proc.pid}")
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            meta["trigger"] = "step line not seen"
+        try:
+            rc = proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             proc.kill()
             rc = "timeout"
@@ -349,6 +439,63 @@ def scenario_node_died(scenario, outdir, meta, mode="kill", trigger_step=5):
     return rc
 
 
+def scenario_auth_token(scenario, outdir, meta):
+    """A token-auth cluster (`ray start --head`, RAY_AUTH_TOKEN), joined by a node and a driver whose
+    environment holds another token. Tokens go through RAY_AUTH_TOKEN only (~/.ray is left alone)."""
+    head_tmp, node2_tmp = (os.path.join(TMP_ROOT, d) for d in TWO_NODES["at"])
+    for d in (head_tmp, node2_tmp):
+        shutil.rmtree(d, ignore_errors=True)
+    port = free_port()
+    head_env = base_env(scenario)
+    head_env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=os.urandom(16).hex())
+    stale_env = base_env(scenario)
+    stale_env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=os.urandom(16).hex())
+    head_cmd = [RAY_BIN, "start", "--head", "--temp-dir", head_tmp, "--num-cpus", "2", "--port", str(port)]
+    node2_cmd = [
+        RAY_BIN,
+        "start",
+        "--address",
+        f"127.0.0.1:{port}",
+        "--num-cpus",
+        "1",
+        "--node-ip-address",
+        "127.0.0.2",
+        "--temp-dir",
+        node2_tmp,
+    ]
+    meta.update(head_cmd=head_cmd, node2_cmd=node2_cmd, env_overrides={"RAY_AUTH_MODE": "token"})
+    try:
+        with open(os.path.join(outdir, "ray_start_head.log"), "wb") as f:
+            r = subprocess.run(head_cmd, env=head_env, stdout=f, stderr=subprocess.STDOUT, timeout=120)
+        meta["ray_start_head_rc"] = r.returncode
+        if r.returncode != 0:
+            return "ray start --head failed"
+        with open(os.path.join(outdir, "ray_start_node2.log"), "wb") as f:
+            try:
+                r = subprocess.run(node2_cmd, env=stale_env, stdout=f, stderr=subprocess.STDOUT, timeout=180)
+                meta["ray_start_node2_rc"] = r.returncode
+            except subprocess.TimeoutExpired:
+                meta["ray_start_node2_rc"] = "timeout"
+        cmd = driver_cmd(["trainer.total_training_steps=20", f"+ray_kwargs.ray_init.address=127.0.0.1:{port}"])
+        meta["cmd"] = cmd
+        t0 = time.time()
+        with open(os.path.join(outdir, "driver.log"), "wb") as f:
+            proc = subprocess.Popen(cmd, cwd=outdir, env=stale_env, stdout=f, stderr=subprocess.STDOUT)
+            try:
+                rc = proc.wait(timeout=240)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = "timeout"
+        meta["driver_exit_code"] = rc
+        meta["driver_wall_s"] = round(time.time() - t0, 1)
+        time.sleep(3)
+    finally:
+        meta["leftover_killed"] = kill_tagged(scenario, [head_tmp, node2_tmp], grace=15)
+        meta["session_logs_node1"] = copy_session_logs(head_tmp, os.path.join(outdir, "ray_session_node1"))
+        meta["session_logs_node2"] = copy_session_logs(node2_tmp, os.path.join(outdir, "ray_session_node2"))
+    return rc
+
+
 def run_scenario(scenario, out_root):
     import ray
 
@@ -382,15 +529,26 @@ def run_scenario(scenario, out_root):
             scenario_node_died(scenario, outdir, meta, mode="kill")
         elif scenario == "ray_node_hang":
             scenario_node_died(scenario, outdir, meta, mode="freeze")
+        elif scenario == "ray_hang_interrupt":
+            scenario_hang_interrupt(scenario, outdir, meta)
+        elif scenario == "ray_worker_import_error":
+            run_single_node(scenario, outdir, meta, steps=20, fault="import@0")
+        elif scenario == "ray_worker_config_error":
+            # verl's worker normalisation: ppo_mini_batch_size 4 * n 1 // 2 workers = 2, not divisible by 3
+            overrides = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"]
+            run_single_node(scenario, outdir, meta, steps=20, extra_overrides=overrides)
+        elif scenario == "ray_task_retried":
+            run_single_node(scenario, outdir, meta, steps=8, fault="flaky@3")
+        elif scenario == "ray_unschedulable":
+            overrides = ["+trainer.worker_gpus=1"]
+            run_single_node(scenario, outdir, meta, extra_overrides=overrides, timeout=60, interrupt_after=600)
+        elif scenario == "ray_auth_token":
+            scenario_auth_token(scenario, outdir, meta)
         else:
             raise SystemExit(f"unknown scenario {scenario}")
     finally:
         meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        dirs = (
-            [os.path.join(TMP_ROOT, d) for d in ("n", "n2")]
-            if SHORT[scenario] == "n"
-            else [os.path.join(TMP_ROOT, SHORT[scenario])]
-        )
+        dirs = [os.path.join(TMP_ROOT, d) for d in TWO_NODES.get(SHORT[scenario], (SHORT[scenario],))]
         meta["still_running_after_cleanup"] = [p.pid for p in tagged_procs(scenario, dirs)]
         with open(os.path.join(outdir, "capture_meta.json"), "w") as f:
             json.dump(meta, f, indent=1, default=str)
@@ -398,10 +556,13 @@ def run_scenario(scenario, out_root):
 
 
 def main():
+    global HANG_S
     ap = argparse.ArgumentParser()
     ap.add_argument("scenarios", nargs="*", default=SCENARIOS)
     ap.add_argument("--out", default=os.path.expanduser("~/forensics-captures/ray"))
+    ap.add_argument("--hang-s", type=float, default=HANG_S, help="ray_hang_interrupt: seconds before Ctrl-C")
     args = ap.parse_args()
+    HANG_S = args.hang_s
     os.makedirs(TMP_ROOT, exist_ok=True)
     for s in args.scenarios:
         run_scenario(s, args.out)

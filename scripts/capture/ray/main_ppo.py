@@ -17,7 +17,15 @@ workers inherit from the raylet (it is set before the cluster starts):
                           (256 MiB chunks, capped by FORENSICS_OOM_CAP_MB, and it
                           stops early if available memory drops below
                           FORENSICS_OOM_MIN_AVAIL_MB) until Ray's memory monitor kills it
-Config errors are injected through Hydra overrides (see capture.py).
+  hang@<step>[:rank]      WorkerDict <rank> blocks forever inside update_actor (a deadlock:
+                          nothing dies, nothing is logged; capture.py interrupts the driver)
+  import@0                every WorkerDict imports the rollout backend (vllm, as verl's
+                          vllm_rollout does) in init_model; it is not installed here
+  flaky@<step>            the reward task of that step (a Ray task with retries, like a
+                          call to a remote judge) fails twice with a connection error,
+                          then succeeds; the run finishes
+Config errors are injected through Hydra overrides (see capture.py): the TaskRunner's
+validate_config, or the WorkerDict's batch-size normalisation (as verl's fsdp_workers does it).
 """
 
 import os
@@ -25,6 +33,7 @@ import pprint as _pprint_mod
 import random
 import socket
 import string
+import threading
 import time
 from pprint import pprint
 
@@ -109,6 +118,21 @@ def create_colocated_worker_cls():
             self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
             self.rng = random.Random(1234 + self.rank)
             self.step = 0
+            self._normalize_config_bsz()
+
+        # -- verl fsdp_workers.ActorRolloutRefWorker.__init__: mini/micro batch normalisation
+        def _normalize_config_bsz(self):
+            actor = self.config.actor_rollout_ref.actor
+            sp = actor.ulysses_sequence_parallel_size
+            mini = actor.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n
+            mini //= self.world_size // sp
+            assert mini > 0, f"ppo_mini_batch_size {mini} should be larger than 0 after normalization"
+            micro = actor.ppo_micro_batch_size_per_gpu
+            if micro is not None:
+                assert mini % micro == 0, (
+                    f"normalized ppo_mini_batch_size {mini} should be divisible by ppo_micro_batch_size_per_gpu {micro}"
+                )
+                assert mini // micro > 0
 
         # -- verl fsdp_workers.ActorRolloutRefWorker.init_model, prefixed by role
         def actor_rollout_init_model(self):
@@ -118,8 +142,16 @@ def create_colocated_worker_cls():
             print(f"Actor use_remove_padding={cfg.actor_rollout_ref.model.use_remove_padding}")
             if self.rank == 0:
                 print(f"Total steps: {cfg.trainer.total_training_steps}, num_warmup_steps: 0")
+            fault = _fault()
+            if fault is not None and fault[0] == "import":
+                self._build_rollout()
             time.sleep(0.5)
             return True
+
+        # -- verl fsdp_workers._build_rollout: the rollout backend is imported when the rollout is built
+        def _build_rollout(self):
+            if self.config.actor_rollout_ref.rollout.name == "vllm":
+                from vllm import LLM  # noqa: F401 - not installed on this machine
 
         def actor_rollout_generate_sequences(self, n_prompts, max_response_length):
             t0 = time.time()
@@ -141,6 +173,8 @@ def create_colocated_worker_cls():
                     os.kill(os.getpid(), 9)
                 elif kind == "oom":
                     self._grow_memory()
+                elif kind == "hang":
+                    threading.Event().wait()  # never set: the worker waits as in a deadlocked collective
             time.sleep(0.2)
             import psutil
 
@@ -211,10 +245,12 @@ class RayWorkerGroup:
                 "max_restarts": 0,
                 "max_concurrency": 1,
             }
-            custom = {k: v for k, v in worker_resources.items() if k != "CPU"}
+            custom = {k: v for k, v in worker_resources.items() if k not in ("CPU", "GPU")}
             if custom:
                 options["resources"] = custom
             options["num_cpus"] = worker_resources.get("CPU", 0)
+            if "GPU" in worker_resources:
+                options["num_gpus"] = worker_resources["GPU"]
             worker = worker_cls.options(**options).remote(config)
             self._workers.append(worker)
             self._worker_names.append(name)
@@ -289,6 +325,14 @@ class RayPPOTrainer:
         print("Training from scratch")
         return 0
 
+    def _compute_reward(self, scores):
+        """verl's reward call; with the flaky fault, a Ray task that a remote judge fails twice."""
+        fault = _fault()
+        if fault is None or fault[0] != "flaky" or fault[1] != self.global_steps:
+            return scores
+        attempts = os.path.abspath(f"reward_attempts_step{self.global_steps}")
+        return ray.get(compute_score_remote.options(max_retries=2, retry_exceptions=True).remote(scores, attempts))
+
     def _validate(self):
         outs = self.actor_rollout_wg.generate_sequences(4, self.config.data.max_response_length)
         scores = [s for o in outs for s in o["score"]]
@@ -330,7 +374,9 @@ class RayPPOTrainer:
             scores = [s for o in gen for s in o["score"]]
             prompt = [self.rng.randint(90, 260) for _ in resp]
             seqlens = [sum(o["response_length"]) + sum(prompt[: len(o["response_length"])]) for o in gen]
-            timing["reward"] = 0.001 + 0.0005 * self.rng.random()
+            t = time.time()
+            scores = self._compute_reward(scores)
+            timing["reward"] = time.time() - t + 0.001 + 0.0005 * self.rng.random()
             t = time.time()
             ent = self.actor_rollout_wg.compute_log_prob(sum(seqlens))
             timing["old_log_prob"] = time.time() - t
@@ -390,6 +436,21 @@ class RayPPOTrainer:
             self.global_steps += 1
 
 
+@ray.remote(num_cpus=0.1)
+def compute_score_remote(scores, attempts_file):
+    """A reward function that asks a remote judge; the judge refuses the first two connections."""
+    with open(attempts_file, "a") as f:
+        f.write("x")
+    with open(attempts_file) as f:
+        attempt = len(f.read())
+    if attempt <= 2:
+        raise ConnectionError(
+            "HTTPConnectionPool(host='127.0.0.1', port=8000): Max retries exceeded with url: /judge "
+            "(Caused by NewConnectionError('Failed to establish a new connection: [Errno 111] Connection refused'))"
+        )
+    return scores
+
+
 class TaskRunner:
     def __init__(self):
         self.role_worker_mapping = {}
@@ -403,6 +464,9 @@ class TaskRunner:
         validate_config(config=config, use_reference_policy=False, use_critic=False)
 
         worker_resources = {"CPU": 0.5}
+        gpus = config.trainer.get("worker_gpus", 0)
+        if gpus:  # each WorkerDict bundle asks for GPUs (a CPU-only cluster cannot place them)
+            worker_resources["GPU"] = gpus
         node_resource = os.environ.get("FORENSICS_WORKER_NODE_RESOURCE")
         if node_resource:  # two-node scenario: put the WorkerDicts on the second node
             worker_resources = {"CPU": 1, node_resource: 1}
