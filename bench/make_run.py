@@ -5,11 +5,14 @@
 What it writes (sizes scale with SIZE; the shapes are those of real lines, see
 shared/reference/*.md and the Ray captures):
 
-- `driver.log`: the verl driver: Ray init, the TaskRunner's config print, `step:N - …` lines, tqdm, and
+- `driver.log`: the verl driver: Ray init, the TaskRunner's config print, one `step:N - …` line per step (20,000
+  steps by default, whatever SIZE; 150 metrics at full precision, the actor's as `np.float64(...)`), tqdm, and
   every WorkerDict's output re-printed with `(WorkerDict pid=…, ip=…)` prefixes: NCCL INFO floods
-  (Init START/COMPLETE, Channel, Ring, Trees, P2P/IPC and NET transports, COLL and TUNING lines).
+  (Init START/COMPLETE, Channel, Ring, Trees, P2P/IPC and NET transports, COLL and TUNING lines), a flood of
+  ProcessGroupNCCL's "device used by this process is currently unknown" warning (10 % of SIZE), and a reward
+  server outage that the TaskRunner logs at every retry (1 %: a flood that the rules' triggers do match).
 - `torchrun_logs/<run>/attempt_0/<rank>/stderr.log` (+ a small stdout.log): each rank's NCCL floods,
-  Python logging and c10 lines.
+  Python logging and c10 lines (every k-th step where the rank's share of SIZE cannot hold every step).
 - `ray/<host>/session_*/logs/`: raylet.out (`[ts I pid tid] (raylet) file.cc:N: msg`), gcs_server.out on
   the head node, and per worker `worker-<id>-01000000-<pid>.out|err` and `python-core-worker-<id>_<pid>.log`.
 - `launcher.log`: the torchrun agent of one node, ending in the ChildFailedError summary.
@@ -40,10 +43,13 @@ WATCHDOG_MS = 600_000
 GPUS_PER_NODE = 8
 BLOCK_BYTES = 1 << 20
 
-SHARE_DRIVER = 0.27
-SHARE_TORCHRUN = 0.38
+SHARE_DRIVER = 0.35  # of which the warning flood takes WARNING_SHARE and the step lines what their count needs
+SHARE_TORCHRUN = 0.30
 SHARE_WORKER_OUT = 0.25
 # the rest (about 10 %) goes to raylet.out, gcs_server.out and python-core-worker logs
+WARNING_SHARE = 0.10  # Ray-prefixed ProcessGroupNCCL "device ... currently unknown" warnings in the driver log
+RETRY_SHARE = 0.01  # a reward server's outage: one worker logs the same failed request again and again
+STEPS = 20_000  # a long run: the step count does not grow with SIZE, the floods do
 
 COLL_OPS = (
     ("AllReduce", 7, 0),
@@ -52,6 +58,8 @@ COLL_OPS = (
     ("Broadcast", 0, 0),
     ("AllReduce", 9, 0),
 )
+# 150 metrics in the key families of a verl >= 0.5 PPO/GRPO step line (verl/trainer/ppo/metric_utils.py,
+# ray_trainer.py, rollout corrections, reward extras); the first 50 are the keys of this generator's earlier lines
 METRICS = (
     "global_seqlen/min",
     "global_seqlen/max",
@@ -103,6 +111,106 @@ METRICS = (
     "perf/total_num_tokens",
     "perf/time_per_step",
     "perf/throughput",
+    "actor/kl_loss",
+    "actor/kl_coef",
+    "actor/loss",
+    "actor/entropy_coeff",
+    "perf/mfu/actor_infer",
+    "perf/mfu/critic",
+    "critic/returns/mean",
+    "critic/returns/max",
+    "critic/returns/min",
+    "critic/values/mean",
+    "critic/values/max",
+    "critic/values/min",
+    "critic/vf_loss",
+    "critic/vf_clipfrac",
+    "critic/vpred_mean",
+    "critic/grad_norm",
+    "critic/lr",
+    "critic/vf_explained_var",
+    "response_length_non_aborted/mean",
+    "response_length_non_aborted/max",
+    "response_length_non_aborted/min",
+    "response_length_non_aborted/clip_ratio",
+    "response/aborted_ratio",
+    "num_turns/min",
+    "num_turns/max",
+    "num_turns/mean",
+    "tool_call_counts/min",
+    "tool_call_counts/max",
+    "tool_call_counts/mean",
+    "timing_s/start_profile",
+    "timing_s/gen_max",
+    "timing_s/values",
+    "timing_s/update_critic",
+    "timing_s/update_weights",
+    "timing_s/testing",
+    "timing_s/save_checkpoint",
+    "timing_s/dump_rollout_generations",
+    "timing_s/stop_profile",
+    "timing_s/agent_loop/generate_sequences/min",
+    "timing_s/agent_loop/generate_sequences/max",
+    "timing_s/agent_loop/generate_sequences/mean",
+    "timing_s/agent_loop/tool_calls/min",
+    "timing_s/agent_loop/tool_calls/max",
+    "timing_s/agent_loop/tool_calls/mean",
+    "timing_s/agent_loop/slowest/generate_sequences",
+    "timing_s/agent_loop/slowest/tool_calls",
+    "timing_s/agent_loop/slowest/prompt_length",
+    "timing_s/agent_loop/slowest/response_length",
+    "timing_per_token_ms/ref",
+    "timing_per_token_ms/adv",
+    "timing_per_token_ms/values",
+    "timing_per_token_ms/update_critic",
+    "variance_proxy/proxy1_signal_strength",
+    "variance_proxy/proxy2_total_variance",
+    "variance_proxy/proxy3_pure_noise",
+    "training/rollout_probs_diff_max",
+    "training/rollout_probs_diff_mean",
+    "training/rollout_probs_diff_std",
+    "training/rollout_actor_probs_pearson_corr",
+    "rollout_corr/training_ppl",
+    "rollout_corr/training_log_ppl",
+    "rollout_corr/rollout_ppl",
+    "rollout_corr/rollout_log_ppl",
+    "rollout_corr/kl",
+    "rollout_corr/k3_kl",
+    "rollout_corr/log_ppl_diff",
+    "rollout_corr/log_ppl_abs_diff",
+    "rollout_corr/log_ppl_diff_max",
+    "rollout_corr/log_ppl_diff_min",
+    "rollout_corr/ppl_ratio",
+    "rollout_corr/chi2_token",
+    "rollout_corr/chi2_seq",
+    "rollout_corr/rollout_is_mean",
+    "rollout_corr/rollout_is_std",
+    "rollout_corr/rollout_is_min",
+    "rollout_corr/rollout_is_max",
+    "rollout_corr/rollout_is_eff_sample_size",
+    "rollout_corr/rollout_is_veto_fraction",
+    "rollout_corr/rollout_is_catastrophic_token_fraction",
+    "rollout_corr/rollout_is_ratio_fraction_high",
+    "rollout_corr/rollout_is_ratio_fraction_low",
+    "rollout_corr/rollout_rs_mean",
+    "rollout_corr/rollout_rs_masked_fraction",
+    "rollout_corr/rollout_rs_seq_masked_fraction",
+    "reward_extra/acc/mean",
+    "reward_extra/acc/max",
+    "reward_extra/acc/min",
+    "reward_extra/format/mean",
+    "reward_extra/format/max",
+    "reward_extra/format/min",
+    "reward_extra/length_penalty/mean",
+    "reward_extra/length_penalty/max",
+    "reward_extra/length_penalty/min",
+    "actor/pg_loss/token_mean",
+    "actor/ppo_kl/max",
+    "actor/ppo_kl/min",
+    "actor/grad_norm/pre_clip",
+    "actor/clip_ratio_c",
+    "perf/max_memory_allocated_gb/rollout",
+    "perf/max_memory_reserved_gb/rollout",
 )
 RAYLET_EVENTS = (  # (template, weight) of the one-line messages between the periodic dumps; spills are rare
     (
@@ -213,6 +321,7 @@ class Plan:
     size: int
     world: int
     steps: int  # steps completed before the failing one
+    metrics: int  # keys on each step line
     oom_rank: int
     first_exit_rank: int
     run_id: str
@@ -248,7 +357,7 @@ def hexs(rng: random.Random, n: int) -> str:
     return f"{rng.getrandbits(4 * n):0{n}x}"
 
 
-def make_plan(size: int, seed: int, world: int) -> Plan:
+def make_plan(size: int, seed: int, world: int, steps: int = STEPS, metrics: int = len(METRICS)) -> Plan:
     rng = random.Random(seed)
     nodes = max(1, world // GPUS_PER_NODE)
     hosts = [f"gpu-{rng.choice(['a', 'b', 'c'])}{n:03d}" for n in range(nodes)]
@@ -267,7 +376,6 @@ def make_plan(size: int, seed: int, world: int) -> Plan:
         for r in range(world)
     )
     comms = tuple((f"0x{rng.randint(0x55D000000000, 0x55DFFFFFFFFF):x}", f"0x{hexs(rng, 16)}") for _ in range(3))
-    steps = 30 + size // (64 << 20) % 40
     oom = rng.randrange(1, world)
     first_exit = rng.choice([r for r in range(world) if r // GPUS_PER_NODE != oom // GPUS_PER_NODE] or [0])
     return Plan(
@@ -275,6 +383,7 @@ def make_plan(size: int, seed: int, world: int) -> Plan:
         size,
         world,
         steps,
+        metrics,
         oom,
         first_exit,
         f"{hexs(rng, 8)}-{hexs(rng, 4)}",
@@ -319,6 +428,20 @@ class BlockWriter:
         self._fh.close()
         stamp = mtime.timestamp()
         os.utime(name, (stamp, stamp))
+
+
+class Quota:
+    """Whole lines per step from a fractional rate, the remainders carried over."""
+
+    def __init__(self, per_step: float):
+        self.per_step = per_step
+        self.owed = 0.0
+
+    def take(self) -> int:
+        self.owed += self.per_step
+        whole = int(self.owed)
+        self.owed -= whole
+        return whole
 
 
 # ---- line templates -------------------------------------------------------------------------------------------
@@ -627,55 +750,74 @@ def metric_level(key: str, step: int) -> tuple[float, float]:
     return 0.3, 0.01
 
 
-def step_values(step: int, rng: random.Random) -> str:
-    """One `step:N - key:value - ...` line as verl >= 2025-07 prints it (pprint.pformat values)."""
+def step_values(step: int, rng: random.Random, metrics: int = len(METRICS)) -> str:
+    """One `step:N - key:value - ...` line as verl >= 2025-07 prints it: `pprint.pformat` of each value, at full
+    precision; the actor's metrics come from numpy reductions and read `np.float64(...)` under numpy >= 2."""
     parts = [f"step:{step}"]
-    for key in METRICS:
+    for key in METRICS[:metrics]:
         if key == "training/global_step":
             value = str(step)
         elif key == "training/epoch":
             value = str(step // 120)
-        elif key == "actor/lr":
-            value = "1e-06"
+        elif key.endswith("/lr"):
+            value = "3e-06" if key.startswith("actor") else "1e-05"
         elif "global_seqlen" in key or "length/m" in key or key == "perf/total_num_tokens":
             value = str(int(rng.gauss(400_000 if "seqlen" in key else 600, 20_000 if "seqlen" in key else 40)))
-        elif key == "perf/mfu/actor":
+        elif key.startswith("perf/mfu/"):
             value = "0.0"
         else:
             level, noise = metric_level(key, step)
             value = repr(rng.gauss(level, noise))
+            if key.startswith("actor/"):
+                value = f"np.float64({value})"
         parts.append(f"{key}:{value}")
     return " - ".join(parts)
 
 
-def rank_flood_plan(plan: Plan, budget: int, fixed: int) -> int:
-    """Collective lines per step so that a rank's file reaches `budget` bytes."""
-    per_line = 185 + len(str(plan.world))
-    return max(1, (budget - fixed) // per_line // max(1, plan.fail_step))
+COLL_LINE_BYTES = 185  # a CollFlood line, without the digits of the world size
+LOGGED_STEP_BYTES = 800  # the four lines a rank logs in a step (worker_log_lines) and one collective line
+
+
+def logged_steps(plan: Plan, budget: int) -> list[int]:
+    """The steps a rank's stream covers: every one when `budget` allows, else every k-th, and the failing one."""
+    stride = max(1, -(-plan.fail_step * LOGGED_STEP_BYTES // max(1, budget)))
+    return [*range(stride, plan.fail_step, stride), plan.fail_step]
+
+
+def rank_flood_plan(plan: Plan, budget: int, steps: int) -> Quota:
+    """Collective lines per logged step so that the rest of a rank's file (`budget` bytes) is filled."""
+    per_line = COLL_LINE_BYTES + len(str(plan.world))
+    return Quota(max(1, budget) / per_line / max(1, steps))
 
 
 def write_rank_stream(plan: Plan, rk: Rank, out: BlockWriter, budget: int, rng: random.Random, prefix: str) -> None:
     """One rank's stream: NCCL init blocks, per-step logging and collective floods, then its failure."""
     init = [nccl_init_block(plan, rk, c, rng, c == 0) for c in range(len(plan.comms))]
     fixed = sum(len(line) + len(prefix) + 1 for block in init for line in block)
-    per_step = rank_flood_plan(plan, budget, fixed)
+    steps = logged_steps(plan, budget - fixed)
+    floods = rank_flood_plan(plan, budget - fixed - (LOGGED_STEP_BYTES - COLL_LINE_BYTES) * len(steps), len(steps))
     flood = CollFlood(plan, rk, rng)
     for line in init[0]:
         out.line(prefix + line)
     if rk.rank % 97 == 3:
         for line in harmless_traceback(rng):
             out.line(prefix + line)
-    for step in range(1, plan.fail_step + 1):
+    previous = 0
+    for step in steps:
         ts = plan.step_start(step)
-        if step in (2, plan.fail_step // 2):
-            for line in init[1 if step == 2 else 2]:
-                out.line(prefix + line)
+        for comm, created in ((1, 2), (2, plan.fail_step // 2)):
+            if previous < created <= step:
+                for line in init[comm]:
+                    out.line(prefix + line)
+        previous = step
         logs = worker_log_lines(rk, step, ts, rng)
-        cut = [per_step // 4, per_step // 2, 3 * per_step // 4]
+        per_step = floods.take()
         for i in range(per_step):
-            if i in cut:
-                out.line(prefix + logs[cut.index(i) + 1])
             out.line(prefix + flood.line())
+            if i < 3:
+                out.line(prefix + logs[i + 1])
+        for line in logs[1 + min(3, per_step) :]:
+            out.line(prefix + line)
         if step < plan.fail_step:
             out.line(prefix + logs[0])
     # the failing step: the OOM rank raises, the others wait in the next all-reduce until the watchdog fires
@@ -705,7 +847,7 @@ def write_torchrun_rank(plan: Plan, rk: Rank, root: Path, budget: int) -> int:
     write_rank_stream(plan, rk, out, budget, rng, prefix="")
     out.close(plan.watchdog_time + timedelta(seconds=5))
     small = BlockWriter(folder / "stdout.log")
-    for step in range(1, plan.fail_step):
+    for step in logged_steps(plan, budget)[:-1]:
         small.line(f"rank {rk.rank}: finished step {step}")
     small.close(plan.watchdog_time + timedelta(seconds=5))
     return out.size + small.size
@@ -866,7 +1008,12 @@ def write_driver(plan: Plan, root: Path, budget: int) -> int:
     for c in range(len(plan.comms)):
         for r in plan.ranks:
             fixed += sum(len(x) + 40 for x in nccl_init_block(plan, r, c, rng, c == 0))
-    per_step = max(1, (budget - fixed) // 230 // plan.fail_step)
+    fixed += (len(tr) + len(step_values(1, rng, plan.metrics)) + 1) * plan.steps
+    warnings = Quota(plan.size * WARNING_SHARE / 340 / plan.fail_step)
+    outage = range(plan.fail_step * 3 // 10, plan.fail_step * 3 // 10 + max(1, plan.fail_step // 20))
+    retries = Quota(plan.size * RETRY_SHARE / 420 / len(outage))
+    flood_bytes = budget - fixed - plan.size * (WARNING_SHARE + RETRY_SHARE)
+    per_step = max(1, int(flood_bytes) // 230 // plan.fail_step)
     for r in plan.ranks:
         for line in nccl_init_block(plan, r, 0, rng, True):
             out.line(prefixes[r.rank] + line)
@@ -882,10 +1029,16 @@ def write_driver(plan: Plan, root: Path, budget: int) -> int:
                 for line in worker_log_lines(r, step, ts, rng)[1:]:
                     out.line(prefixes[r.rank] + line)
             out.line(prefixes[r.rank] + floods[r.rank].line())
+        for i in range(warnings.take()):
+            w = plan.ranks[(step * 7 + i) % plan.world]
+            out.line(prefixes[w.rank] + device_unknown_warning(w, ts + timedelta(seconds=i * 0.01)))
+        if step in outage:
+            for i in range(retries.take()):
+                out.line(tr + reward_retry_line(ts + timedelta(seconds=i * 0.5), rng))
         if step < plan.fail_step:
             for line in worker_log_lines(r, step, ts + timedelta(seconds=60), rng)[:1]:
                 out.line(prefixes[r.rank] + line)
-            out.line(tr + step_values(step, rng))
+            out.line(tr + step_values(step, rng, plan.metrics))
             out.line(
                 f"{tr}Training Progress: {step}/{plan.fail_step + 200} [{step * 71 // 60:02d}:{step * 71 % 60:02d}"
                 f"<4:01:31, 71.30s/it]"
@@ -915,6 +1068,26 @@ def write_driver(plan: Plan, root: Path, budget: int) -> int:
     out.line("Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.")
     out.close(plan.watchdog_time + timedelta(seconds=8))
     return out.size
+
+
+def device_unknown_warning(rk: Rank, ts: datetime) -> str:
+    """ProcessGroupNCCL's warning at each barrier() of a process group created without device_id (torch 2.4+)."""
+    return (
+        f"[rank{rk.rank}]:[W{glog(ts)} ProcessGroupNCCL.cpp:5068] [PG ID 0 PG GUID 0(default_pg) Rank {rk.rank}]  "
+        f"using GPU {rk.dev} as device used by this process is currently unknown. This can potentially cause a hang "
+        "if this rank to GPU mapping is incorrect. You can specify device_id in init_process_group() to force use "
+        "of a particular device."
+    )
+
+
+def reward_retry_line(ts: datetime, rng: random.Random) -> str:
+    """A reward function's request to a sandbox server that is down, logged at each retry."""
+    return (
+        f"{iso(ts)} - verl.utils.reward_score.sandbox_fusion - WARNING - sandbox request failed, retrying: "
+        "requests.exceptions.ConnectionError: HTTPConnectionPool(host='10.20.1.7', port=8080): Max retries exceeded "
+        "with url: /run_code (Caused by NewConnectionError('<urllib3.connection.HTTPConnection object at "
+        f"0x7f{rng.getrandbits(40):010x}>: Failed to establish a new connection: [Errno 111] Connection refused'))"
+    )
 
 
 def pylog(ts: datetime) -> str:
@@ -1003,8 +1176,8 @@ def _job(args: tuple) -> int:
     raise ValueError(kind)
 
 
-def generate(size: int, out: Path, seed: int, world: int, jobs: int) -> dict:
-    plan = make_plan(size, seed, world)
+def generate(size: int, out: Path, seed: int, world: int, jobs: int, steps: int = STEPS, metrics: int = 150) -> dict:
+    plan = make_plan(size, seed, world, steps, metrics)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -1026,6 +1199,8 @@ def generate(size: int, out: Path, seed: int, world: int, jobs: int) -> dict:
         "size_requested": size,
         "bytes": written,
         "ranks": world,
+        "steps": plan.steps,
+        "metrics_per_step": plan.metrics,
         "root_cause": {
             "class": "cuda_oom",
             "rank": plan.oom_rank,
@@ -1047,7 +1222,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--ranks", type=int, default=512, help="world size (8 GPUs per node)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes writing files")
+    parser.add_argument("--steps", type=int, default=STEPS, help="training steps before the failing one")
+    parser.add_argument("--metrics", type=int, default=len(METRICS), help="keys per step line, at most 150")
     args = parser.parse_args(argv)
+    if not 1 <= args.metrics <= len(METRICS) or args.steps < 2:
+        parser.error(f"--metrics must be from 1 to {len(METRICS)}, --steps at least 2")
     if args.ranks < 2 or (args.ranks % GPUS_PER_NODE and args.ranks > GPUS_PER_NODE):
         parser.error("--ranks must be at least 2, and a multiple of 8 above 8")
     here = Path(__file__).resolve().parents[1]
@@ -1056,7 +1235,7 @@ def main(argv: list[str] | None = None) -> int:
     free = shutil.disk_usage(args.out.resolve().parent if args.out.resolve().parent.exists() else "/").free
     if free < args.size * 1.2:
         parser.error(f"only {free / 2**30:.1f} GiB free where {args.out} would go; {args.size / 2**30:.1f} GiB needed")
-    truth = generate(args.size, args.out, args.seed, args.ranks, args.jobs)
+    truth = generate(args.size, args.out, args.seed, args.ranks, args.jobs, args.steps, args.metrics)
     print(json.dumps(truth))
     return 0
 

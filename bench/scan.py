@@ -53,6 +53,7 @@ ATOM_ESCAPES = {
     "t": "\t",
 }
 ERE_SPECIAL = set(".[]()*+?{}|^$\\")
+BOUND_DROPPED_FROM = 16
 
 
 class EreConverter:
@@ -93,7 +94,7 @@ class EreConverter:
             elif c == "{":
                 m = re.match(r"\{\d*(?:,\d*)?\}", pattern[i:])
                 if m and m.group() != "{}":
-                    out.append(m.group())
+                    out.append(self._bound(m.group()))
                     i += m.end()
                 else:
                     out.append(r"\{")
@@ -105,6 +106,15 @@ class EreConverter:
                 out.append(c)
                 i += 1
         return "".join(out)
+
+    def _bound(self, repeat: str) -> str:
+        """`{m,n}` as grep is given it: a large upper bound is dropped, since GNU grep's DFA grows with it (the
+        bounded rules took grep 3.0 -> 12 s CPU on 1 GiB, for the same lines)."""
+        low, comma, high = repeat[1:-1].partition(",")
+        if comma and high and int(high) >= BOUND_DROPPED_FROM:
+            self.notes.add(f"bounded repeat {{m,n}} with n >= {BOUND_DROPPED_FROM} -> {{m,}} (a superset)")
+            return "{" + (low or "0") + ",}"
+        return repeat
 
     def _escape(self, p: str, i: int) -> tuple[int, str]:
         e = p[i + 1] if i + 1 < len(p) else "\\"
@@ -294,13 +304,21 @@ def run_grep(ere: str, files: list[Path], timing: Timing) -> int:
     return sum(int(line.rsplit(b":", 1)[-1]) for line in out.splitlines())
 
 
-def run_cli(run_dir: Path, overlays: list[Path], timing: Timing) -> dict:
-    """`forensics analyze` in a fresh process, writing both reports; returns the JSON report."""
+def run_cli(run_dir: Path, overlays: list[Path], timing: Timing, peaks: list[float]) -> dict:
+    """`forensics analyze` in a fresh process, writing both reports; returns the JSON report and adds the
+    process's peak RSS (MiB) to `peaks`.
+
+    The peak is GNU time's (`%M`): its child is forked from a small process, so the bench's own memory is
+    not charged to it as it would be to a child of this one (see `peak_rss`).
+    """
     with tempfile.TemporaryDirectory() as out:
-        argv = [sys.executable, "-m", "forensics.cli", "analyze", str(run_dir), "-q"]
+        argv = ["/usr/bin/time", "-f", "%M", "-o", f"{out}/rss"] if Path("/usr/bin/time").is_file() else []
+        argv += [sys.executable, "-m", "forensics.cli", "analyze", str(run_dir), "-q"]
         argv += ["-o", f"{out}/report.html", "--json", f"{out}/report.json"]
         argv += [arg for folder in overlays for arg in ("--patterns", str(folder))]
         run_child(argv, timing, {**os.environ, "PYTHONPATH": str(REPO)})
+        if Path(out, "rss").is_file():
+            peaks.append(int(Path(out, "rss").read_text().split()[-1]) / 1024)
         return json.loads(Path(out, "report.json").read_text(encoding="utf-8"))
 
 
@@ -369,6 +387,14 @@ def verdict_check(run_dir: Path, analysis) -> str:
     return f"verdict: {got}; injected: {truth['class']} on rank {truth['rank']} -> {'RIGHT' if ok else 'WRONG'}"
 
 
+def truth_line(run_dir: Path) -> str:
+    truth_file = Path(f"{run_dir}.truth.json")
+    if not truth_file.is_file():
+        return "no truth file"
+    truth = json.loads(truth_file.read_text())["root_cause"]
+    return f"injected: {truth['class']} on rank {truth['rank']}"
+
+
 def report_verdict(report: dict) -> str:
     root = report["verdict"].get("root_cause")
     return f"verdict: {root['class']} on rank {root['rank']}" if root else "verdict: healthy"
@@ -381,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python-repeat", type=int, default=1, help="timed runs of the (slow) Python loop")
     parser.add_argument("--memory", type=Path, nargs="*", default=[], help="more run folders to measure peak RSS on")
     parser.add_argument("--skip-python", action="store_true", help="leave out the Python loop")
+    parser.add_argument("--skip-in-process", action="store_true", help="time the CLI only, not analyze() here")
     parser.add_argument("--rss-repeat", type=int, default=3, help="child runs per folder for peak RSS (median)")
     parser.add_argument(
         "--patterns", type=Path, action="append", default=[], help="extra rule folder, for every contender"
@@ -400,22 +427,29 @@ def main(argv: list[str] | None = None) -> int:
 
     # interleaved, so that all see the same load on a shared machine
     grep, cli, fx = Timing("grep -c -E (LC_ALL=C)"), Timing("forensics analyze (CLI)"), Timing("analyze() in-process")
+    cli_peaks: list[float] = []
+    loads = [os.getloadavg()[0]]
     for _ in range(args.repeat):
         grep_lines = run_grep(ere, files, grep)
-        report = run_cli(args.run_dir, args.patterns, cli)
-        analysis = run_in_process(lambda: run_forensics(args.run_dir, args.patterns), fx)
+        report = run_cli(args.run_dir, args.patterns, cli, cli_peaks)
+        if not args.skip_in_process:
+            analysis = run_in_process(lambda: run_forensics(args.run_dir, args.patterns), fx)
+        loads.append(os.getloadavg()[0])
     print(grep.line(f"matching lines {grep_lines}"))
     print(cli.line(f"findings {len(report['findings'])}, HTML and JSON reports written"))
+    if cli_peaks:
+        print(f"  CLI peak RSS {statistics.median(cli_peaks):.1f} MiB (median of {fmt(cli_peaks)})")
     print(
-        f"  forensics CLI / grep    = {cli.median / grep.median:5.2f}x wall   (goal <= 1.5x);"
+        f"  forensics CLI / grep    = {cli.median / grep.median:5.2f}x wall   (goal <= 1.0x);"
         f"  {cli.median_cpu / grep.median_cpu:5.2f}x CPU"
     )
-    print(fx.line(f"events {analysis.events.height}"))
-    print(f"  stages (last run): {', '.join(f'{k} {v:.2f} s' for k, v in analysis.timings.items())}")
-    print(
-        f"  in-process / grep       = {fx.median / grep.median:5.2f}x wall;"
-        f"  {fx.median_cpu / grep.median_cpu:5.2f}x CPU"
-    )
+    if not args.skip_in_process:
+        print(fx.line(f"events {analysis.events.height}, samples {analysis.series.height}"))
+        print(f"  stages (last run): {', '.join(f'{k} {v:.2f} s' for k, v in analysis.timings.items())}")
+        print(
+            f"  in-process / grep       = {fx.median / grep.median:5.2f}x wall;"
+            f"  {fx.median_cpu / grep.median_cpu:5.2f}x CPU"
+        )
     if not args.skip_python:
         compiled = [re.compile(p) for p in pats]
         py = Timing("Python re loop")
@@ -430,9 +464,12 @@ def main(argv: list[str] | None = None) -> int:
         f"  throughput: forensics CLI {size / cli.median / 2**20:.0f} MiB/s,"
         f" grep {size / grep.median / 2**20:.0f} MiB/s"
     )
-    print(verdict_check(args.run_dir, analysis))
-    print(f"  CLI report {report_verdict(report)}")
-    print(f"  load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    if not args.skip_in_process:
+        print(verdict_check(args.run_dir, analysis))
+    print(f"  CLI report {report_verdict(report)}; {truth_line(args.run_dir)}")
+    switched_off = [w for w in report["warnings"] if "switched off" in w]
+    print(f"  rules switched off: {len(switched_off)}" + "".join(f"\n    {w}" for w in switched_off))
+    print(f"  load average (1 min) during the runs: {fmt(loads)} on {os.cpu_count()} CPUs")
 
     measured = []
     for folder in [args.run_dir, *args.memory]:
@@ -448,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         small, large = min(measured), max(measured)
         print(
             f"  peak RSS at {large[0] / 2**30:.1f} GiB / at {small[0] / 2**30:.1f} GiB = {large[1] / small[1]:.2f}"
-            "   (goal <= 1.20; and <= 500 MiB)"
+            "   (goal <= 1.20, each <= 300 MiB)"
         )
     return 0
 

@@ -30,6 +30,7 @@ from forensics.report.json_report import check_json, format_json, to_json_dict
 from forensics.report.markdown import render_markdown
 from forensics.report.terminal import make_console, print_checks, print_summary
 from forensics.rules import RuleLoadError, load_rules
+from forensics.rules.lint import slow_regexes
 
 INCONCLUSIVE = "inconclusive"
 CHECK_LEVELS = ("warn", "fail")
@@ -521,9 +522,11 @@ def patterns_show(rule_id: str, extra: tuple[Path, ...]) -> None:
 @patterns_group.command("lint")
 @click.argument("dirs", nargs=-1, type=click.Path(exists=True, file_okay=False, path_type=Path))
 def patterns_lint(dirs: tuple[Path, ...]) -> None:
-    """Report every problem in the rules at once (the bundled ones when no DIR is given)."""
-    _, errors = load_rules(list(dirs) or [patterns_dir()], collect=True)
-    problems = [str(e) for e in errors]
+    """Report every problem in the rules at once (the bundled ones when no DIR is given), regexes too slow
+    on long lines included."""
+    roots = list(dirs) or [patterns_dir()]
+    rules, errors = load_rules(roots, collect=True)
+    problems = [str(e) for e in [*errors, *slow_regexes(rules, roots)]]
     try:
         load_vocabulary(dirs)
     except MetricFileError as exc:

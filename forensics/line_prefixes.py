@@ -42,6 +42,54 @@ ISO_TS = re.compile(
 )
 MONTHDAY_TS = re.compile(r"\b(?P<mo>\d\d)-(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,](?P<frac>\d{1,9}))?")
 
+_NAMED_GROUP = re.compile(r"(?<!\\)\(\?P<\w+>")
+
+
+def rust_form(pattern: str) -> str:
+    """`pattern` without group names: Rust's engine refuses a name used twice, as alternations of these do."""
+    return _NAMED_GROUP.sub("(?:", pattern)
+
+
+def _unanchored(pattern: re.Pattern) -> str:
+    return rust_form(pattern.pattern).removeprefix("^")
+
+
+_LOOKAHEAD = re.compile(r"\(\?=(?:[^()\\]|\\.)*\)")
+
+
+def _loose(pattern: re.Pattern) -> str:
+    """A prefix regex as Rust's engine reads it: unanchored, without group names and without its look-aheads
+    (so it matches wherever the prefix does, and may match where `attribute` would not peel it)."""
+    return _LOOKAHEAD.sub("", _unanchored(pattern))
+
+
+# For reading many lines at once in Rust. ANSI_ESC: the colour codes with their ESC; ANSI_ESCLESS: wherever a
+# colour code that lost its ESC may stand (ANSI strips those only between certain characters: a line holding one
+# is read by `attribute`, one at a time). ANY_PREFIX: each prefix `attribute` may peel, in any order it peels
+# them: a line's body is what follows some run of them, and when `attribute` peels a prefix, one of these
+# matches it (they may match more: the look-aheads and `attribute`'s six rounds are left out).
+ANSI_ESC = r"\x1b\[[0-9;?]*[A-Za-z]"
+ANSI_ESCLESS = r"\[[\d;]*m"
+ANY_PREFIX = "|".join(
+    _loose(p)
+    for p in (
+        RAY_PREFIX,
+        RAY_SYSTEM_PREFIX,
+        TORCHRUN_PREFIX,
+        MPI_PREFIX,
+        QUOTE_PREFIX,
+        COUNTER_PREFIX,
+        RUNTIME_TS_PREFIX,
+        SRUN_PREFIX,
+        HOST_PREFIX,
+    )
+)
+# The last torchrun rank of a line whose only prefixes are a Ray prefix and torchrun's (verl's bulk step lines).
+LAST_TORCHRUN_RANK = (
+    f"^(?:{_unanchored(RAY_PREFIX)}|{_unanchored(RAY_SYSTEM_PREFIX)})?(?:{_unanchored(TORCHRUN_PREFIX)})*"
+    r"\[(?:default|rank)(\d+)\]:"
+)
+
 TORCHRUN_FILE = re.compile(r"(?:^|/)attempt_\d+/(?P<rank>\d+)/(?:stdout|stderr|error)\.(?:log|json)$")
 RAY_WORKER_FILE = re.compile(  # rotated copies too: `.1` after the name (older Ray) or after the extension
     r"(?:^|/)(?:worker|python-core-worker|python-core-driver)-[0-9a-f]+(?:-[0-9a-f]+)?[-_](?P<pid>\d+)"

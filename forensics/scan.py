@@ -1,15 +1,26 @@
-"""The text-log scanner: one vectorised pass per batch, Python only for the lines that may match.
+"""The text-log scanner: Rust finds what every pattern matches; Python reads only what it must.
 
-Per batch of lines, in native code (Hyperscan, or polars' Rust regex): one search for the literals that
-every rule regex and extractor trigger needs (see prefilter.py; a pattern without such literals is searched
-in full, in polars). The few candidate lines then go to Python, where the literals each one holds pick the
-patterns worth trying on it. The alternation of all the patterns is never run: past a few dozen patterns its
-automaton stops fitting the regex engine's cache and it slows down a thousandfold, while a literal search
-stays flat.
+Per batch of lines, in native code:
+
+1. one search for the literals that every rule regex and extractor trigger needs (prefilter.py; a pattern
+   without such literals is searched in full): the candidate lines, and the patterns worth trying on each;
+2. one polars call that tries those patterns on those lines in Rust's linear-time engine, the pairs sorted
+   by pattern so that each regex is compiled once: what matches where is known before Python sees a line
+   (a batch with only a few short candidates, as most small files have, is told apart by Python's regexes,
+   compiled once: Rust compiles a rule's regex anew on each call, up to 13 ms for one);
+3. an extractor that reads a whole batch (verl's step lines) gets its lines as one column;
+4. repeats of a line (the same patterns, the same origin, the same text but for its numbers and times) are
+   grouped, and only the first of each group becomes an event, the others being counted into it: memory
+   grows with distinct events, not with lines.
+
+Python then handles the remaining lines one by one: rule values, extractor fields, prefixes and times. The
+alternation of all the patterns is never run: past a few dozen patterns its automaton stops fitting the
+regex engine's cache and it slows down a thousandfold, while a literal search stays flat.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -18,49 +29,84 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
+import polars as pl
 import regex
 
-from forensics.line_prefixes import FileContext, attribute, file_context
+from forensics.line_prefixes import RANK_IN_MESSAGE, FileContext, attribute, file_context, rust_form
 from forensics.prefilter import Literals, literal_finder, owned_lines, required_literals, text_column
 from forensics.rules.model import USER_REGEX_TIMEOUT_S, Rule
-from forensics.sources.base import Hit, LineExtractor, LineRecord, Sink
+from forensics.sources.base import BatchLines, Hit, LineExtractor, LineRecord, Sink
 from forensics.textio import LineBatch, iter_line_batches, open_binary, prefetched, read_problem
 from forensics.tracebacks import cut_traceback
 
-_NAMED_GROUP = re.compile(r"(?<!\\)\(\?P<\w+>")
-MAX_HITS_PER_FILE = 200_000  # a flood of matches stops being read, with a warning
+PAIRS_IN_PYTHON_MAX = 64  # a batch with at most this many (line, pattern) pairs to try,
+SHORT_LINE_BYTES = 2048  # on lines no longer than this, tries them in Python (no backtracking risk to speak of)
+MAX_HITS_PER_FILE = 200_000  # distinct matching lines; past them a file is counted, not read, with a warning
 LOOKBACK_LINES = 64  # how far above an undated error its time is looked for (a long traceback fits)
 CUT_TRACEBACK_LINES = 200  # the last lines of a file read for a traceback cut before its exception line
 CUT_TAIL_BYTES = 4096  # the end of a small file searched for a frame before it is skipped as matching nothing
 FRAME_TEXT = '", line '  # in every traceback frame: `File "x.py", line 12, in f`
 FRAME_MARK = FRAME_TEXT.encode()
 CUT_LAST_FRAME_LINES = 8  # how close to the end of a file the last frame of a cut traceback is
-RULE_TIME_BUDGET_S = 10.0  # Python time one rule may spend on its candidate lines before it is switched off
+RULE_TIME_BUDGET_S = 10.0  # Python time one rule may spend on its matching lines before it is switched off
+# What tells repeats apart (see _repeat_groups): the line's prefixes (Ray actor; torchrun, MPI and srun ranks; a
+# host), the pid of a Ray C++ log line, NCCL's host:pid, a rank named in the text; the rest is compared with its
+# numbers masked. ORIGIN takes every prefix `attribute` may peel (line_prefixes.ANY_PREFIX, in ASCII classes), and
+# more where they look alike; a log viewer's line counter and a container runtime's time in it are masked.
+ORIGIN = (
+    r"^(?:\x1b\[[0-9;?]*[A-Za-z]|\[[0-9;]*m|\([^()]*\)|[ \t]|>+|\[(?:default|rank)[0-9]+\]:"
+    r"|\[[0-9]+,[0-9]+\]<(?:stdout|stderr)>:|\[[0-9]{1,9}\] |[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z "
+    r"|[A-Za-z0-9][A-Za-z0-9_.-]{0,62}: )*"
+)
+ORIGIN_NOISE = r"\[[0-9]{1,9}\] |[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z "
+NCCL_ORIGIN = r"[^: \t]+:[0-9]+:[0-9]+ (?:\[[0-9]+\] )?.*?NCCL "
+RAY_LOG_PID = r"^\[[^\]]*? [IWEFDC] ([0-9]+) [0-9]+\]"  # Ray's C++ logs: `[ts I pid tid]`
+RANK_NAMED = rust_form(RANK_IN_MESSAGE.pattern).replace(r"\d", "[0-9]")
+NUMBERS = r"0x[0-9a-fA-F]+|[0-9]+"
+
+
+SHAPES_IN_PYTHON_MAX = 64  # fewer lines than this are keyed in Python: a polars call costs ~0.2 ms
+_SHAPE_PARTS = [  # (pattern, group, what of it is masked)
+    (re.compile(ORIGIN), 0, re.compile(ORIGIN_NOISE)),
+    (re.compile(RAY_LOG_PID), 1, None),
+    (re.compile(NCCL_ORIGIN), 0, None),
+    (re.compile(RANK_NAMED), 0, None),
+]
+_NUMBERS = re.compile(NUMBERS)
+
+
+def _shapes(batch: LineBatch, rows: list[int]) -> list[str]:
+    """What tells the lines apart once repeats are counted: origin, NCCL host:pid, rank named, masked text.
+
+    Many lines at once in Rust; a few in Python, with the same patterns (ASCII classes, which both engines
+    read alike; a line longer than MAX_LINE_CHARS may be keyed apart, and its repeats counted apart).
+    """
+    if len(rows) < SHAPES_IN_PYTHON_MAX:
+        texts = [batch.text(row) for row in rows]
+        return ["\x1f".join([*(_first(*part, t) for part in _SHAPE_PARTS), _NUMBERS.sub("#", t)]) for t in texts]
+    line = pl.col("line")
+    parts = []
+    for pattern, group, noise in _SHAPE_PARTS:
+        part = line.str.extract(pattern.pattern, group).fill_null("")
+        parts.append(part.str.replace_all(noise.pattern, "#") if noise is not None else part)
+    key = pl.concat_str([*parts, line.str.replace_all(NUMBERS, "#")], separator="\x1f")
+    lines = batch.lines.gather(np.array(rows, dtype=np.int64)).str.strip_chars_end("\r\n")
+    return pl.DataFrame({"line": lines}).select(key).to_series().to_list()
+
+
+def _first(pattern: re.Pattern, group: int, noise: re.Pattern | None, text: str) -> str:
+    m = pattern.search(text)
+    found = (m.group(group) or "") if m else ""
+    return noise.sub("#", found) if noise is not None and found else found
+
+
+_ANY_LINE = re.compile("")
 
 
 def prefilter_form(pattern: str) -> str:
     """The pattern without group names, so that patterns without literals can share one alternation."""
-    return _NAMED_GROUP.sub("(?:", pattern)
-
-
-def _python_search(pattern: str) -> Callable[[str], object] | None:
-    """The pattern's search in Python (for telling hits apart); None when only Rust can read it."""
-    for compile_ in (re.compile, regex.compile):
-        try:
-            return compile_(pattern).search
-        except (re.error, regex.error, ValueError, OverflowError):
-            continue
-    return None
-
-
-def _rule_search(pattern: str) -> Callable[[str], object] | None:
-    """A rule's search in Python, with the time limit: rules may come from users (`--patterns`), and a
-    backtracking regex like `(a|aa)+$` takes forever on one long line. Raises TimeoutError."""
-    try:
-        compiled = regex.compile(pattern)
-    except (regex.error, ValueError, OverflowError):
-        return None
-    return lambda line: compiled.search(line, timeout=USER_REGEX_TIMEOUT_S)
+    return rust_form(pattern)
 
 
 @dataclass(frozen=True)
@@ -69,25 +115,66 @@ class _Pattern:
     rule: Rule | None = None
     extractor: LineExtractor | None = None
     literals: Literals | None = field(default=None, compare=False)
-    search: Callable[[str], object] | None = field(default=None, compare=False)
+    folds: re.Pattern | None = None  # lines whose repeats may be counted into one event (see LineExtractor)
+    search: Callable[[str], object] | None = field(default=None, compare=False)  # Python's, None: Rust only
 
     def matches(self, line: str) -> bool:
-        # a pattern Python cannot compile counts as matched: its handler or rule checks the line again
-        return self.search is None or self.search(line) is not None
+        """Whether Python's regex matches `line`; a pattern only Rust reads, or a rule's regex that times out,
+        counts as matched (the handler, or the rule, reads the line again and says)."""
+        try:
+            return self.search is None or self.search(line) is not None
+        except TimeoutError:
+            return True
 
 
-def _pattern(source: str, rule: Rule | None = None, extractor: LineExtractor | None = None) -> _Pattern:
-    search = _rule_search(source) if rule is not None else _python_search(source)
-    return _Pattern(prefilter_form(source), rule, extractor, required_literals(source), search)
+def _rule_pattern(rule: Rule, index: int) -> _Pattern:
+    """A rule clause's regex; a clause that reads other lines (followed_by, extract_window) never folds."""
+    clause = rule.match[index]
+    folds = _ANY_LINE if clause.followed_by is None and not rule.extract_window else None
+    compiled = clause.compiled
+    search = functools.partial(compiled.search, timeout=USER_REGEX_TIMEOUT_S)  # a user's regex may backtrack
+    return _Pattern(prefilter_form(clause.regex), rule, None, required_literals(clause.regex), folds, search)
+
+
+def _extractor_pattern(extractor: LineExtractor) -> _Pattern:
+    literals = required_literals(extractor.trigger)
+    folds = re.compile(extractor.folds) if extractor.folds is not None else None
+    search = _python_search(extractor.trigger)
+    if extractor.requires is not None:  # Python tells a few lines apart with both (or leaves them to the handler)
+        search = _both(search, _python_search(extractor.requires))
+    return _Pattern(prefilter_form(extractor.trigger), None, extractor, literals, folds, search)
+
+
+def _both(
+    first: Callable[[str], object] | None, second: Callable[[str], object] | None
+) -> Callable[[str], object] | None:
+    """A search that finds a line when both do; None (Rust reads it) when either is Rust's only."""
+    if first is None or second is None:
+        return None
+
+    def search(line: str) -> object:
+        return True if first(line) is not None and second(line) is not None else None
+
+    return search
+
+
+def _python_search(pattern: str) -> Callable[[str], object] | None:
+    """The pattern's search in Python; None when only Rust reads it."""
+    for compile_ in (re.compile, regex.compile):
+        try:
+            return compile_(pattern).search
+        except (re.error, regex.error, ValueError, OverflowError):
+            continue
+    return None
 
 
 class TextScanner:
     """Scans text logs with the rules and the line extractors of every source module."""
 
     def __init__(self, rules: list[Rule], extractors: list[LineExtractor]):
-        patterns: list[_Pattern] = [_pattern(e.trigger, extractor=e) for e in extractors]
+        patterns: list[_Pattern] = [_extractor_pattern(e) for e in extractors]
         for rule in rules:
-            patterns.extend(_pattern(c.regex, rule=rule) for c in rule.match)
+            patterns.extend(_rule_pattern(rule, i) for i in range(len(rule.match)))
         self.patterns = patterns
         self.rules = rules
         self.families = [r for r in rules if r.is_family]
@@ -95,7 +182,7 @@ class TextScanner:
         keys = {(s, p.literals.icase) for p in patterns if p.literals is not None for s in p.literals.strings}
         self.finder = literal_finder(keys)
         # literal -> indexes of the patterns that need it; patterns without literals are tried on every line
-        # their alternation matches, and on every candidate
+        # their alternation matches
         needed_by: dict[tuple[str, bool], list[int]] = {}
         for i, p in enumerate(patterns):
             for s in p.literals.strings if p.literals else ():
@@ -103,6 +190,13 @@ class TextScanner:
         self._patterns_of = [needed_by[key] for key in self.finder.literals]
         self._always = [i for i, p in enumerate(patterns) if p.literals is None]
         self.unfiltered = "(?m)" + "|".join(f"(?:{patterns[i].rust})" for i in self._always) if self._always else None
+        self._regexes = pl.Series("regex", [f"(?m){p.rust}" for p in patterns], dtype=pl.String)
+        self._requires = {  # pattern -> the second regex its lines must match (LineExtractor.requires)
+            i: f"(?m){prefilter_form(p.extractor.requires)}"
+            for i, p in enumerate(patterns)
+            if p.extractor is not None and p.extractor.requires is not None
+        }
+        self._reads_batches = [p.extractor is not None and p.extractor.handle_batch is not None for p in patterns]
         self._rule_seconds: dict[str, float] = {}
         self.disabled: dict[str, tuple[str, str]] = {}  # rule id -> (file that tripped it, warning)
 
@@ -115,7 +209,7 @@ class TextScanner:
         fctx = _with_year(file_context(rel), path)
         warnings: list[str] = []
         lines = 0
-        hits = 0
+        file = _FileScan(rel, fctx, sink)
         last: LineBatch | None = None
         try:
             with open_binary(path) as stream:
@@ -123,11 +217,12 @@ class TextScanner:
                 for batch in prefetched(batches) if read_ahead else batches:
                     lines = batch.first_line + len(batch.lines) - 1
                     last = batch
-                    if hits < MAX_HITS_PER_FILE:
-                        hits += self._scan_batch(batch, rel, fctx, sink)
-                        if hits >= MAX_HITS_PER_FILE:
+                    if file.handled < MAX_HITS_PER_FILE:
+                        self._scan_batch(batch, file)
+                        if file.handled >= MAX_HITS_PER_FILE:
                             warnings.append(
-                                f"{rel}: over {MAX_HITS_PER_FILE} matching lines; the rest were counted, not read"
+                                f"{rel}: over {MAX_HITS_PER_FILE} distinct matching lines; the rest were counted, "
+                                "not read"
                             )
                 if last is not None:
                     self._traceback_cut_at_end(last, rel, fctx, sink)
@@ -139,21 +234,37 @@ class TextScanner:
         warnings.extend(message for owner, message in self.disabled.values() if owner == rel)
         return lines, warnings
 
-    def hits(self, batch: LineBatch, rel: str = "") -> Iterator[tuple[int, str, list[_Pattern]]]:
+    def hits(self, batch: LineBatch) -> Iterator[tuple[int, str, list[_Pattern]]]:
         """(index into batch.lines, text, matching patterns) of each owned line that some pattern matches."""
+        for row, found in self.matches(batch):
+            yield row, batch.text(row), [self.patterns[i] for i in found]
+
+    def matches(self, batch: LineBatch) -> list[tuple[int, list[int]]]:
+        """(index into batch.lines, indexes of the patterns that match it) of each owned line some pattern
+        matches, in line order; decided in Rust, or in Python for a few short lines (see the module doc)."""
         if batch.own_end <= batch.own_start:
-            return
-        held = self.finder.lines_holding(batch)
-        if self.unfiltered is not None:
-            rows = owned_lines(batch).str.contains(self.unfiltered).arg_true() + batch.own_start
-            for row in rows.to_list():
-                held.setdefault(row, [])
-        for pos in sorted(held):
-            text = batch.text(pos)
-            tried = set(self._always).union(*(self._patterns_of[literal] for literal in held[pos]))
-            patterns = self._matching(text, tried, (rel, batch.line_number(pos)))
-            if patterns:
-                yield pos, text, patterns
+            return []
+        rows, tried = self._candidates(batch)
+        if not len(rows):
+            return []
+        order = np.lexsort((rows, tried))  # by pattern, so that each regex is compiled once
+        rows, tried = rows[order], tried[order]
+        lengths = batch.offsets[rows + 1] - batch.offsets[rows]
+        if len(rows) <= PAIRS_IN_PYTHON_MAX and int(lengths.max()) <= SHORT_LINE_BYTES:
+            texts = {row: batch.text(row) for row in set(rows.tolist())}
+            tries = zip(rows.tolist(), tried.tolist(), strict=True)
+            matched = np.array([self.patterns[i].matches(texts[row]) for row, i in tries], dtype=bool)
+        else:
+            pairs = pl.DataFrame({"line": batch.lines.gather(rows), "regex": self._regexes.gather(tried)})
+            matched = pairs.select(pl.col("line").str.contains(pl.col("regex"))).to_series().to_numpy()
+            for index, regex_ in self._requires.items():  # and, for an extractor that requires more, that too
+                picked = np.flatnonzero(matched & (tried == index))
+                if len(picked):
+                    matched[picked] = batch.lines.gather(rows[picked]).str.contains(regex_).to_numpy()
+        found: dict[int, list[int]] = {}
+        for row, pattern in zip(rows[matched].tolist(), tried[matched].tolist(), strict=True):
+            found.setdefault(row, []).append(pattern)
+        return sorted(found.items())
 
     def may_match(self, texts: list[bytes]) -> list[bool]:
         """For each whole text, whether any pattern may match a line of it (False: none can).
@@ -166,33 +277,147 @@ class TextScanner:
         unfiltered = text_column(texts).str.contains(self.unfiltered).to_list()
         return [a or b for a, b in zip(found, unfiltered, strict=True)]
 
-    def _matching(self, line: str, tried: set[int], where: tuple[str, int]) -> list[_Pattern]:
-        """The patterns among `tried` that match the line; `where` (file, line) names the line in the
-        warning when a rule's regex times out on it and is switched off."""
-        return [self.patterns[i] for i in sorted(tried) if self._try(self.patterns[i], line, where)]
+    def _candidates(self, batch: LineBatch) -> tuple[np.ndarray, np.ndarray]:
+        """(row, pattern) pairs worth trying: the patterns whose literals each line holds, the patterns
+        without literals on the lines their alternation matches; never a rule that was switched off."""
+        held = self.finder.lines_holding(batch)
+        unfiltered: set[int] = set()
+        if self.unfiltered is not None:
+            rows = owned_lines(batch).str.contains(self.unfiltered).arg_true() + batch.own_start
+            unfiltered = set(rows.to_list())
+        off = {i for i, p in enumerate(self.patterns) if p.rule is not None and p.rule.id in self.disabled}
+        rows_out: list[int] = []
+        tried_out: list[int] = []
+        for row in sorted(held.keys() | unfiltered):
+            tried = set().union(*(self._patterns_of[literal] for literal in held.get(row, ())))
+            if row in unfiltered:
+                tried.update(self._always)
+            tried -= off
+            rows_out.extend([row] * len(tried))
+            tried_out.extend(tried)
+        return np.array(rows_out, dtype=np.int64), np.array(tried_out, dtype=np.int64)
 
-    def _try(self, pattern: _Pattern, line: str, where: tuple[str, int]) -> bool:
-        if pattern.rule is None:
-            return pattern.matches(line)
-        if pattern.rule.id in self.disabled:
+    def _scan_batch(self, batch: LineBatch, file: _FileScan) -> None:
+        """Hand the batch's matching lines over: whole columns to batch extractors, repeats to one event each,
+        the rest line by line, in line order (undated lines borrow the time of an earlier one)."""
+        one_by_one: list[tuple[int, list[int], str | None, _Preset | None]] = []
+        by_extractor: dict[int, list[tuple[int, list[int]]]] = {}
+        repeatable: list[tuple[int, list[int]]] = []
+        for row, found in self.matches(batch):
+            reader = next((i for i in found if self._reads_batches[i]), None)
+            if reader is not None:
+                by_extractor.setdefault(reader, []).append((row, found))
+            elif self._repeats_fold(batch, row, found):
+                repeatable.append((row, found))
+            else:
+                one_by_one.append((row, found, None, None))
+        for index, rows in by_extractor.items():
+            one_by_one.extend(self._read_in_bulk(batch, file, index, rows))
+        lasts: list[tuple[int, str]] = []
+        for first, found, key, count, last in self._repeat_groups(batch, repeatable):
+            if key in file.silent:
+                continue
+            if file.sink.knows_repeat(key):
+                file.pending[key] = count
+            else:
+                one_by_one.append((first, found, key, None))
+                file.pending[key] = count - 1
+            if file.pending[key]:
+                lasts.append((last, key))
+        earlier = _EarlierTimestamps(batch, file.fctx)
+        for row, found, key, preset in sorted(one_by_one, key=lambda item: item[0]):
+            if file.handled >= MAX_HITS_PER_FILE:
+                break
+            file.handled += 1
+            text = batch.text(row)
+            hit = Hit(file.rel, batch.line_number(row), text, attribute(text, file.fctx), batch, row, file.fctx)
+            patterns = [self.patterns[i] for i in found]
+            if not self._handle(hit, patterns, file.sink, earlier, key, preset) and key:
+                file.silent.add(key)
+        for row, key in lasts:
+            self._count_repeats(batch, row, key, file)
+
+    def _repeats_fold(self, batch: LineBatch, row: int, found: list[int]) -> bool:
+        """Whether every pattern the line matched lets its repeats be counted into one event (and none reads
+        the line above it, as it stands there)."""
+        conditions = [self.patterns[i].folds for i in found]
+        if any(c is None for c in conditions):
             return False
-        try:
-            return self._within_budget(pattern.rule, where, lambda: pattern.matches(line))
-        except TimeoutError:
-            self._disable(pattern.rule, where, f"its regex timed out (over {USER_REGEX_TIMEOUT_S:g} s) on")
+        text = batch.text(row) if any(c.pattern for c in conditions) else ""  # type: ignore[union-attr]
+        if not all(c.match(text) for c in conditions):  # type: ignore[union-attr]
             return False
+        readers = [e.reads_line_above for i in found if (e := self.patterns[i].extractor) and e.reads_line_above]
+        if not readers:
+            return True
+        if row == 0:  # the first line of the file has none above; else the line above is not in this batch
+            return batch.first_line == 1
+        above = batch.text(row - 1)
+        return not any(reads(above) for reads in readers)
 
-    def _scan_batch(self, batch: LineBatch, rel: str, fctx: FileContext, sink: Sink) -> int:
-        found = 0
-        earlier = _EarlierTimestamps(batch, fctx)
-        for pos, text, patterns in self.hits(batch, rel):
-            found += 1
-            hit = Hit(rel, batch.line_number(pos), text, attribute(text, fctx), batch, pos, fctx)
-            self._handle(hit, patterns, sink, earlier)
-        return found
+    def _read_in_bulk(
+        self, batch: LineBatch, file: _FileScan, index: int, rows: list[tuple[int, list[int]]]
+    ) -> list[tuple[int, list[int], None, _Preset | None]]:
+        """Give an extractor its lines as a column; returns the lines left to read one by one: those it did
+        not read (with all their patterns), those it read that other patterns matched too (with those)."""
+        extractor = self.patterns[index].extractor
+        assert extractor is not None and extractor.handle_batch is not None
+        others = {row: [i for i in patterns if i != index and not self._yields(i, extractor)] for row, patterns in rows}
+        shared = np.array([row for row, _ in rows if others[row]], dtype=np.int64)
+        found = BatchLines(file.rel, batch, np.array([row for row, _ in rows], dtype=np.int64), file.fctx, shared)
+        read = extractor.handle_batch(found, file.sink)
+        left = set(read.left.tolist())
+        out: list[tuple[int, list[int], None, _Preset | None]] = []
+        for row, patterns in rows:
+            if row in left:
+                out.append((row, patterns, None, None))
+            elif others[row]:
+                out.append((row, others[row], None, _Preset(extractor, read.fields.get(row, {}))))
+        return out
 
-    def _handle(self, hit: Hit, patterns: list[_Pattern], sink: Sink, earlier: _EarlierTimestamps) -> None:
+    def _yields(self, index: int, reader: LineExtractor) -> bool:
+        """Whether pattern `index` is an extractor that reads nothing of the lines `reader` reads in bulk."""
+        extractor = self.patterns[index].extractor
+        return extractor is not None and reader.name in extractor.yields_to
+
+    def _repeat_groups(
+        self, batch: LineBatch, lines: list[tuple[int, list[int]]]
+    ) -> list[tuple[int, list[int], str, int, int]]:
+        """(first row, patterns, key, lines, last row) of each group of repeats among `lines`, in line order.
+
+        The key holds what the line's event depends on: the patterns it matched, who printed it (Ray and
+        torchrun prefixes, NCCL's host:pid, a rank named in the text) and its text with every number masked.
+        """
+        groups: dict[str, list] = {}
+        for (row, found), shape in zip(lines, _shapes(batch, [row for row, _ in lines]), strict=True):
+            key = f"{found}\x1f{shape}"
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [row, found, key, 1, row]
+            else:
+                group[3] += 1
+                group[4] = row
+        return [tuple(group) for group in groups.values()]  # type: ignore[misc]
+
+    def _count_repeats(self, batch: LineBatch, row: int, key: str, file: _FileScan) -> None:
+        """The repeats of an event in this batch, the last of them at `row` (its own time, when it has one)."""
+        count = file.pending.pop(key, 0)
+        if file.sink.knows_repeat(key):  # else the first line made no event: nothing to count into
+            file.sink.repeat(key, count, batch.line_number(row), attribute(batch.text(row), file.fctx).ts)
+
+    def _handle(
+        self,
+        hit: Hit,
+        patterns: list[_Pattern],
+        sink: Sink,
+        earlier: _EarlierTimestamps,
+        key: str | None = None,
+        preset: _Preset | None = None,
+    ) -> bool:
+        """Read one matching line into the sink; returns whether it became an event."""
         rec = LineRecord(hit)
+        if preset is not None:  # a batch extractor read the line already: what its event says of it
+            rec.kind, rec.source, rec.notable = preset.extractor.name, preset.extractor.source, False
+            rec.fields.update(preset.fields)
         seen_rules: set[str] = set()
         for pattern in patterns:
             if pattern.extractor is not None:
@@ -213,7 +438,9 @@ class TextScanner:
             hit.ctx.ts = earlier.before(hit.index)
             rec.ts_inferred = hit.ctx.ts is not None
         if rec.rules or (rec.kind and rec.notable):
-            sink.record(rec)
+            sink.record(rec, repeat_key=key)
+            return True
+        return False
 
     def _traceback_cut_at_end(self, batch: LineBatch, rel: str, fctx: FileContext, sink: Sink) -> None:
         """A file that ends inside a traceback (a paste cut short, a process killed while printing) still says an
@@ -311,6 +538,26 @@ class TextScanner:
         window = [body, *rec.hit.following(rule.extract_window)] if rule.extract_window else [body]
         for key, value in rule.extract_fields(window).items():
             rec.fields.setdefault(key, value)
+
+
+@dataclass(frozen=True)
+class _Preset:
+    """A line a batch extractor read, that a rule matched too: the event's kind and fields it gave."""
+
+    extractor: LineExtractor
+    fields: dict
+
+
+@dataclass
+class _FileScan:
+    """What the scan of one file carries from batch to batch."""
+
+    rel: str
+    fctx: FileContext
+    sink: Sink
+    handled: int = 0  # lines handed to Python (repeats counted into an event are not)
+    silent: set[str] = field(default_factory=set)  # repeat keys whose first line made no event
+    pending: dict[str, int] = field(default_factory=dict)  # repeats of this batch not yet counted
 
 
 class _EarlierTimestamps:

@@ -10,6 +10,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from forensics.line_prefixes import ANSI_ESC, ANSI_ESCLESS, ANY_PREFIX
+
 # Python prints the exception line at the start of a line; loggers may put a `... file.py:N] ` header first.
 # Exception names in the middle of other text (C++ component logs quoting an `RpcError:`) are not exceptions, nor
 # is a bare `Error:` (every kind of tool prints that); a bare `Exception: ...` is Python's `raise Exception(...)`.
@@ -28,6 +30,13 @@ RAY_TASK_LINE = re.compile(r"^\s*(?:\x1b\[[\d;]*m)?ray::[\w.]+\(")
 CUT_NAME = re.compile(r"^\s*[A-Za-z_][\w.]*$")  # an exception line cut inside the class name
 MAX_FRAMES = 40
 _IN_PRINTOUT = re.compile(r"Traceback \(most recent call last\)|During handling of|The above exception|ray::|\^+\s*$")
+# What marks a raw line (prefixes and all) as part of a traceback's printout or of Ray's report of a retried
+# attempt, wherever it stands in the line; and the prefixes before a line's text (see may_be_printout).
+_PRINTOUT_TEXT = re.compile(
+    r'File "[^"]+", line \d+, in |Traceback \(most recent call last\)|During handling of|The above exception'
+    r"|ray::[\w.]+\(|\bthe task will be retried\b"
+)
+_PREFIX_RUN = re.compile(rf"(?:{ANSI_ESC}|{ANSI_ESCLESS}|{ANY_PREFIX})*")
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,19 @@ def frames_above(lines: list[str]) -> tuple[Frame, ...]:
         elif TRACEBACK_HEAD.search(text) or parse_exception_line(text) is not None:
             break
     return tuple(reversed(found))
+
+
+def may_be_printout(line: str) -> bool:
+    """Whether a raw line may belong to a traceback's printout or to Ray's report of a retried attempt: a frame, a
+    Traceback head or chain line, a `ray::` task line, the report, or a line whose text after its prefixes is blank
+    or indented (code, carets). An exception line right below any other line reads nothing of what is above it
+    that its repeats would not: `reported_as_retried` stops at that line, and `frames_above` finds no frame in it
+    (it may look further up past ordinary lines; a repeat counted into the first one's event has its frames).
+    """
+    if not line.strip() or line[:1].isspace() or _PRINTOUT_TEXT.search(line):
+        return True
+    rest = line[_PREFIX_RUN.match(line).end() :]  # type: ignore[union-attr]
+    return not rest.strip() or rest[:1].isspace()
 
 
 def _unchanged(text: str) -> str:

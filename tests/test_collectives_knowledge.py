@@ -129,3 +129,20 @@ def test_a_gloo_timeout_names_the_rank_that_never_timed_out():
     root = analyze([FIXTURE_RUNS / "gloo_timeout"]).verdict.root_cause
     assert (root.cls, root.rank) == ("nccl_timeout", 1)
     assert "Rank 1 logged but never timed out while ranks [0] waited" in root.explanation
+
+
+def test_lines_that_only_name_a_rank_are_not_read_and_the_last_error_still_is(tmp_path):
+    """NCCL INFO and ProcessGroupNCCL lines name ranks by the hundred thousand: Rust's engine leaves out those with
+    no measurement hint, so they neither cost a Python read each nor use up the distinct matching lines a file is
+    read for (MAX_HITS_PER_FILE), past which its final OOM would go unread."""
+    lines = [
+        f"node{r % 64}:{r}:{r} [{r % 8}] NCCL INFO comm 0x{r:x} rank {r} nranks 4096 cudaDev {r % 8}"
+        for r in range(210_000)
+    ]
+    lines.append(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB"
+    )
+    (tmp_path / "train.log").write_text("\n".join(lines) + "\n")
+    result = analyze([tmp_path / "train.log"])
+    assert not [w for w in result.warnings if "distinct matching lines" in w]
+    assert result.verdict.root_cause.rule == "cuda-oom"

@@ -33,11 +33,14 @@ def _dispatched(scanner: TextScanner, data: bytes, chunk: int) -> set[tuple[int,
 
 
 def _brute_force(scanner: TextScanner, data: bytes) -> set[tuple[int, int]]:
-    """The same, the slow way: every pattern in Rust over every line."""
+    """The same, the slow way: every pattern in Rust over every line (and what an extractor requires too)."""
     lines = pl.Series(data.decode("utf-8", "replace").split("\n"))
     found = set()
     for i, pattern in enumerate(scanner.patterns):
-        for row in lines.str.contains(f"(?m){pattern.rust}").arg_true().to_list():
+        hit = lines.str.contains(f"(?m){pattern.rust}")
+        if pattern.extractor is not None and pattern.extractor.requires is not None:
+            hit = hit & lines.str.contains(f"(?m){pattern.extractor.requires}")
+        for row in hit.arg_true().to_list():
             found.add((row + 1, i))
     return found
 

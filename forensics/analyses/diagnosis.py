@@ -117,7 +117,7 @@ def build_findings(events: pl.DataFrame, catalogue: Catalogue, file_order: dict[
             if finding is None:
                 order = _reading_order(occ, catalogue.entries[rule_id])
                 finding = grouped[key] = catalogue.describe(_detection(rule_id, occ, order))
-            finding.count += 1
+            finding.count += occ.fields.get("repeats", {}).get("count", 1)  # lines the scanner counted into it
             _keep_evidence(finding, _evidence(occ))
             for k, v in occ.fields.items():
                 if k != "rules":

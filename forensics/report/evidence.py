@@ -46,6 +46,8 @@ class _Occurrence:
     rank: int | None
     ts: datetime | None
     order: tuple[int, int]
+    repeats: int = 1  # lines this one stands for: the scanner counts repeats of a line into its first event
+    last_ts: datetime | None = None  # the time of the last of them
 
 
 @dataclass
@@ -78,10 +80,11 @@ def _rule_rows(events: pl.DataFrame, rule: str) -> tuple[dict[int | None, list[d
     total = 0
     for row in tagged.iter_rows(named=True):
         try:
-            rules = json.loads(row["fields"] or "{}").get("rules") or []
+            fields = json.loads(row["fields"] or "{}")
         except ValueError:
             continue
-        if rule in rules:
+        if rule in (fields.get("rules") or []):
+            row["repeats"] = fields.get("repeats")
             total += 1
             if total <= MAX_OCCURRENCES_PER_RULE:
                 by_rank.setdefault(row["rank"], []).append(row)
@@ -96,7 +99,13 @@ def _occurrences(
     rows = [r for rank in ([f.rank, None] if f.rank is not None else list(by_rank)) for r in by_rank.get(rank, [])]
     out = [
         _Occurrence(
-            r["file"], r["line"], r["message"] or "", r["rank"], r["ts"], (file_order.get(r["file"], 0), r["line"])
+            r["file"],
+            r["line"],
+            r["message"] or "",
+            r["rank"],
+            r["ts"],
+            (file_order.get(r["file"], 0), r["line"]),
+            *_repeated(r.get("repeats")),
         )
         for r in rows
     ]
@@ -105,6 +114,14 @@ def _occurrences(
         if (e.file, e.line) not in seen:
             out.append(_Occurrence(e.file, e.line, e.text, f.rank, f.ts, (file_order.get(e.file, 0), e.line)))
     return out
+
+
+def _repeated(repeats: dict[str, Any] | None) -> tuple[int, datetime | None]:
+    """How many lines an event stands for, and the time of its last one (see `Sink.repeat`)."""
+    if not repeats:
+        return 1, None
+    last = repeats.get("last_ts")
+    return int(repeats.get("count") or 1), datetime.fromisoformat(last) if last else None
 
 
 class _Signatures:
@@ -301,14 +318,14 @@ def _entry(
 ) -> dict[str, Any]:
     o = _first(g)
     window = windows.get(o.file)
-    stamped = [x.ts for x in g.occurrences if x.ts is not None]
+    stamped = [t for x in g.occurrences for t in (x.ts, x.last_ts) if t is not None]
     frames = traceback_frames(window.lines, o.line) if window else []
     path = _shown_path(roots, o.file)
     return {
         "anchor": f"evidence-{n}",
         "text": o.text,
         "signature": g.signature,
-        "count": len(g.occurrences) + g.uncounted,
+        "count": sum(x.repeats for x in g.occurrences) + g.uncounted,
         "ranks": sorted({x.rank for x in g.occurrences if x.rank is not None}),
         "ranks_text": ranks_phrase(x.rank for x in g.occurrences),
         "files": [_place(f, lines, roots, kinds) for f, lines in _locations(g)[:MAX_FILES_LISTED]],

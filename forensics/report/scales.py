@@ -43,13 +43,16 @@ def value_axis(values: Iterable[float | None]) -> dict[str, Any]:
 
 
 def thin(xs: Sequence[Any], ys: Sequence[float | None], cap: int = MAX_POINTS) -> tuple[list[Any], list[float | None]]:
-    """At most about `cap` points: per bucket the first, lowest and highest, in x order; short series unchanged."""
+    """About `cap` points: per bucket the first, lowest and highest, and every NaN or inf, in x order.
+
+    A short series is unchanged.
+    """
     n = len(xs)
     if n <= cap:
         return list(xs), list(ys)
     buckets = max(1, cap // 3)
     size = n / buckets
-    keep: set[int] = {0, n - 1}
+    keep: set[int] = {0, n - 1} | {i for i, y in enumerate(ys) if y is not None and not math.isfinite(y)}
     for b in range(buckets):
         start, end = int(b * size), min(n, int((b + 1) * size))
         if start >= end:

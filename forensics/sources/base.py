@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from forensics.line_prefixes import FileContext, LineContext
@@ -51,12 +52,63 @@ class LineRecord:
     ts_inferred: bool = False  # ctx.ts was read from an earlier line, not from this one
 
 
+@dataclass
+class BatchLines:
+    """Lines of one batch that matched an extractor, handed to it all at once (see LineExtractor.handle_batch)."""
+
+    file: str
+    batch: LineBatch
+    rows: np.ndarray  # indexes into batch.lines, ascending
+    fctx: FileContext
+    described: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # rows a rule matched too
+
+    @property
+    def lines(self) -> pl.Series:
+        return self.batch.lines.gather(self.rows)
+
+    def line_numbers(self) -> np.ndarray:
+        return self.rows + self.batch.first_line
+
+
+@dataclass
+class BatchRead:
+    """What LineExtractor.handle_batch did with its lines."""
+
+    left: np.ndarray  # rows it did not read: `handle` reads them one by one
+    fields: dict[int, dict[str, Any]] = field(default_factory=dict)  # of the `described` rows it read: their
+    # event's fields, should a rule fire on the line (the event's kind is the extractor's name)
+
+
+@dataclass
+class _Repeats:
+    """The lines that repeated an event (see Sink.repeat): how many in all, and the last one."""
+
+    event: int  # index into Sink._events
+    count: int = 1
+    last_line: int = 0
+    last_ts: datetime | None = None
+
+
+@dataclass
+class _SampleBlock:
+    """Series samples added in bulk: metric names as codes into the sink's name table."""
+
+    source: str
+    codes: np.ndarray
+    value: pl.Series
+    step: pl.Series
+    rank: pl.Series | int | None
+
+
 class Sink:
     """Collects event and series rows from every reader, then builds the two tables."""
 
     def __init__(self) -> None:
         self._events: list[dict[str, Any]] = []
         self._series: dict[str, list[Any]] = {k: [] for k in SERIES_SCHEMA}
+        self._blocks: list[_SampleBlock] = []
+        self._metric_codes: dict[str, int] = {}
+        self._repeats: dict[str, _Repeats] = {}
         self.step_marks: list[tuple[str, int, int]] = []  # (file, line, step) of each step line
         self.config: dict[str, Any] = {}  # flattened dotted keys printed in a text log (verl's config dump)
         self.environment: dict[str, Any] = {}  # versions and hardware named in a text log
@@ -97,7 +149,10 @@ class Sink:
             }
         )
 
-    def record(self, rec: LineRecord) -> None:
+    def record(self, rec: LineRecord, repeat_key: str | None = None) -> None:
+        """The record as an event; with `repeat_key`, later lines of the same key count as its repeats."""
+        if repeat_key is not None:
+            self._repeats[repeat_key] = _Repeats(len(self._events), last_line=rec.hit.line, last_ts=rec.hit.ctx.ts)
         ctx = rec.hit.ctx
         fields = dict(rec.fields)
         if rec.rules:
@@ -136,27 +191,146 @@ class Sink:
         s["metric"].append(metric)
         s["value"].append(value)
 
+    def knows_repeat(self, key: str) -> bool:
+        return key in self._repeats
+
+    def repeat(self, key: str, count: int, line: int, ts: datetime | None) -> None:
+        """`count` more lines like the event recorded under `key`, the last of them at `line` (and `ts`)."""
+        repeats = self._repeats[key]
+        repeats.count += count
+        repeats.last_line = line
+        repeats.last_ts = ts if ts is not None else repeats.last_ts
+
+    def samples(
+        self,
+        metric: pl.Series,
+        value: pl.Series,
+        step: pl.Series,
+        *,
+        source: str,
+        rank: pl.Series | int | None,
+        line: pl.Series | None = None,
+    ) -> None:
+        """Many samples at once, as columns: metric names, Float64 values, Int64 steps, a rank per row or one.
+
+        With `line` (which line each sample was printed on), a metric printed twice on a line keeps its last
+        value, as a dict of that line's metrics would.
+        """
+        if metric.is_empty():
+            return
+        categories = metric.cast(pl.Categorical)
+        present = categories.unique()
+        lookup = np.zeros(int(present.to_physical().max()) + 1, dtype=np.uint32)
+        for code, name in zip(present.to_physical().to_list(), present.cast(pl.String).to_list(), strict=True):
+            lookup[code] = self._metric_codes.setdefault(name, len(self._metric_codes))
+        codes = lookup[categories.to_physical().to_numpy()]
+        keep = _last_of_each(line.to_numpy(), codes) if line is not None else None
+        if keep is not None:
+            codes, value, step = codes[keep], value.filter(keep), step.filter(keep)
+            rank = rank.filter(keep) if isinstance(rank, pl.Series) else rank
+        self._blocks.append(_SampleBlock(source, codes, value, step, rank))
+
     @property
     def event_count(self) -> int:
         return len(self._events)
 
     @property
     def sample_count(self) -> int:
-        return len(self._series["metric"])
+        return len(self._series["metric"]) + sum(len(b.codes) for b in self._blocks)
 
     def events(self) -> pl.DataFrame:
-        return _frame(self._events, EVENT_SCHEMA)
+        return _frame(self._event_rows(), EVENT_SCHEMA)
 
     @staticmethod
     def merge(sinks: list[Sink]) -> tuple[pl.DataFrame, pl.DataFrame]:
-        """The events and series of many sinks, in order, each table built in one conversion; one sample per
-        (metric, step, rank), from the most precise source that has it (`one_sample_per_step`)."""
-        events = _frame([row for sink in sinks for row in sink._events], EVENT_SCHEMA)
+        """The events and series of many sinks, in order, each table built in one conversion; the sinks'
+        samples taken in bulk move into the series (they are not kept twice); one sample per (metric, step,
+        rank), from the most precise source that has it (`one_sample_per_step`)."""
+        events = _frame([row for sink in sinks for row in sink._event_rows()], EVENT_SCHEMA)
         series = {k: [v for sink in sinks for v in sink._series[k]] for k in SERIES_SCHEMA}
-        return events, one_sample_per_step(_frame(series, SERIES_SCHEMA))
+        return events, one_sample_per_step(_with_blocks(_frame(series, SERIES_SCHEMA), sinks, consume=True))
 
     def series(self) -> pl.DataFrame:
-        return _frame(self._series, SERIES_SCHEMA)
+        return _with_blocks(_frame(self._series, SERIES_SCHEMA), [self])
+
+    def _event_rows(self) -> list[dict[str, Any]]:
+        """The events, those that repeated with their `repeats` (how many lines in all, the last line and time)."""
+        rows = list(self._events)
+        for repeats in self._repeats.values():
+            if repeats.count > 1:
+                row = rows[repeats.event] = dict(rows[repeats.event])
+                fields = json.loads(row["fields"])
+                last_ts = repeats.last_ts.isoformat() if repeats.last_ts else None
+                fields["repeats"] = {"count": repeats.count, "last_line": repeats.last_line, "last_ts": last_ts}
+                row["fields"] = json.dumps(fields, default=str)
+        return rows
+
+
+BINCOUNT_MAX = 1 << 24  # (line, metric) pairs counted in one array; more are sorted instead
+
+
+def _last_of_each(lines: np.ndarray, codes: np.ndarray) -> np.ndarray | None:
+    """A mask keeping the last sample of each (line, metric) pair, or None when no pair repeats."""
+    width = int(codes.max()) + 1 if len(codes) else 1
+    key = lines.astype(np.int64) * width + codes
+    if (int(lines.max()) + 1) * width <= BINCOUNT_MAX:
+        if np.bincount(key).max() <= 1:
+            return None
+    elif len(np.unique(key)) == len(key):
+        return None
+    _, last = np.unique(key[::-1], return_index=True)
+    keep = np.zeros(len(key), dtype=bool)
+    keep[len(key) - 1 - last] = True
+    return keep
+
+
+def _with_blocks(series: pl.DataFrame, sinks: list[Sink], consume: bool = False) -> pl.DataFrame:
+    """The series with the samples the sinks took in bulk, built a column at a time (with `consume`, each
+    sink's blocks are let go as soon as a column holds them: they are not kept twice at the peak).
+
+    The metric column is gathered from one table of distinct names: 16 bytes a row, each a view into that
+    table (built row by row, each row would hold its name again). A column with one value in all the bulk
+    samples (no time; one source; one rank or none) stays one value, when no other sample joins it.
+    """
+    blocks = [(sink, block) for sink in sinks for block in sink._blocks]
+    if not blocks:
+        return series
+    if consume:
+        for sink in sinks:
+            sink._blocks = []
+    names: dict[str, int] = {}
+    to_global = {
+        id(sink): np.array([names.setdefault(n, len(names)) for n in sink._metric_codes], dtype=np.uint32)
+        for sink in sinks
+    }
+    codes = np.concatenate([to_global[id(sink)][block.codes] for sink, block in blocks])
+    metric = pl.Series("metric", list(names), dtype=pl.String).gather(codes)
+    del codes
+    rank, source = _one_column([b for _, b in blocks]), _sources(blocks)
+    step = pl.concat([block.step for _, block in blocks]).cast(pl.Int64)
+    value = pl.concat([block.value for _, block in blocks]).cast(pl.Float64)
+    del blocks
+    frame = pl.DataFrame({"step": step, "metric": metric, "value": value})
+    del step, metric, value
+    frame = frame.with_columns(ts=pl.lit(None, SERIES_SCHEMA["ts"]), rank=rank, source=source)
+    frame = frame.select(list(SERIES_SCHEMA))
+    return pl.concat([series, frame]) if series.height else frame
+
+
+def _one_column(blocks: list[_SampleBlock]) -> pl.Expr | pl.Series:
+    """The blocks' ranks: one value when they share it, else a column."""
+    ranks = {b.rank for b in blocks if not isinstance(b.rank, pl.Series)}
+    if len(ranks) == 1 and not any(isinstance(b.rank, pl.Series) for b in blocks):
+        return pl.lit(ranks.pop(), pl.Int64)
+    parts = [b.rank if isinstance(b.rank, pl.Series) else pl.repeat(b.rank, len(b.codes), eager=True) for b in blocks]
+    return pl.concat([part.cast(pl.Int64) for part in parts])
+
+
+def _sources(blocks: list[tuple[Sink, _SampleBlock]]) -> pl.Expr | pl.Series:
+    sources = {block.source for _, block in blocks}
+    if len(sources) == 1:
+        return pl.lit(sources.pop(), pl.String)
+    return pl.concat([pl.repeat(block.source, len(block.codes), dtype=pl.String, eager=True) for _, block in blocks])
 
 
 # How exactly a source keeps a value: structured files hold float64, TensorBoard float32, text lines what was printed
@@ -220,12 +394,29 @@ class LineExtractor:
     """Structure read from text-log lines that match `trigger` (a Rust-compatible regex).
 
     `handle` receives the line's record and may set its kind and fields, and add series samples.
+    `handle_batch`, when given, receives at once all the lines of a batch that match this extractor, to read
+    them in native code; `handle` reads the rows it leaves, one by one, and rules still read the others.
+    `folds`: a regex (Python, matched at the line's start; "" for any line) for the lines whose event
+    depends on nothing that changes between repeats of one message (numbers, times, neighbouring lines):
+    repeats of such a line are counted into the first one's event. None: every line is read.
+    `reads_line_above`: for an event that may depend on the lines above it, whether, given the raw line right
+    above, it would: such a line is read on its own (the first line of a file has none above; the first line
+    of a batch whose line above is out of it is read on its own too).
+    `requires`: a second regex (Rust-compatible) a line must match too, anywhere, for `handle` to be given it
+    (a trigger's literals find the lines, this says which of them are worth reading: both are decided in Rust).
+    `yields_to`: the batch extractors (by name) whose lines this one reads nothing of, when they read them in
+    bulk: such a line is not handed to this one's `handle` (nor read one by one for it).
     """
 
     name: str
     source: str
     trigger: str
     handle: Callable[[LineRecord, Sink], None]
+    handle_batch: Callable[[BatchLines, Sink], BatchRead] | None = None
+    folds: str | None = None
+    reads_line_above: Callable[[str], bool] | None = None
+    requires: str | None = None
+    yields_to: tuple[str, ...] = ()
 
 
 @dataclass

@@ -97,5 +97,8 @@ EXTRACTORS = [
         SOURCE,
         r"(?i)(?:rank|gpu|device|process|proc|worker|default)\s*[:#=]?\s*\d+",
         _handle,
+        # a line `_handle` reads holds a measurement hint (MEASURE_HINT, searched in the whole line here): Rust
+        # leaves out the rest, a run's NCCL INFO and ProcessGroupNCCL lines that name ranks by the thousand
+        requires=MEASURE_HINT.pattern,
     ),
 ]

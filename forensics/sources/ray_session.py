@@ -707,9 +707,13 @@ def _cxx_time(text: str) -> datetime | None:
         return None
 
 
-def _extractor(name: str, trigger: str, handle: Callable[[LineRecord, Sink], None]) -> LineExtractor:
-    return LineExtractor(name, SOURCE, trigger, handle)
+def _extractor(
+    name: str, trigger: str, handle: Callable[[LineRecord, Sink], None], folds: str | None = None
+) -> LineExtractor:
+    return LineExtractor(name, SOURCE, trigger, handle, folds=folds)
 
+
+PRINTED_BY_A_WORKER = r"(?:\x1b\[[0-9;?]*[A-Za-z])*\((?:[^()]*? )?pid=\d+"
 
 EXTRACTORS = [
     _extractor(
@@ -772,5 +776,6 @@ EXTRACTORS = [
     _extractor(
         "ray_task_header", r"RayTaskError\([\w.]+\): .*ray::[\w.<>]+\(\).* \(pid=\d+, ip=", _handle_ray_task_header
     ),
-    _extractor("ray_inner_exception", EXCEPTION_TRIGGER, _handle_inner_exception),
+    # a line printed by a Ray worker (a `(... pid=N)` prefix) is not the end of a driver's RayTaskError chain
+    _extractor("ray_inner_exception", EXCEPTION_TRIGGER, _handle_inner_exception, folds=PRINTED_BY_A_WORKER),
 ]

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from forensics.line_prefixes import attribute
 from forensics.sources.base import LineExtractor, LineRecord, Sink
-from forensics.tracebacks import frames_above, parse_exception_line, reported_as_retried, wrapped_exception
+from forensics.tracebacks import (
+    frames_above,
+    may_be_printout,
+    parse_exception_line,
+    reported_as_retried,
+    wrapped_exception,
+)
 
 SOURCE = "python"
 TRIGGER = (
@@ -51,4 +57,12 @@ def _handle_exception(rec: LineRecord, sink: Sink) -> None:
         rec.fields["retried"] = True  # an attempt Ray retried: the run goes on, so it is no failure of its own
 
 
-EXTRACTORS = [LineExtractor("exception", SOURCE, TRIGGER, _handle_exception)]
+# Repeats of an exception line count into one event when nothing around them is read: not a wrapper (it reads the
+# lines below, to the exception it wraps), not below a traceback or a retry report (frames, `retried`: see
+# may_be_printout). A flood of one error, printed again and again, is one event; raised_at is the first's.
+NOT_A_WRAPPER = r"(?!.*?(?:Error|Exception|KeyboardInterrupt|SystemExit)\([\w.]+\))"
+EXTRACTORS = [
+    LineExtractor(
+        "exception", SOURCE, TRIGGER, _handle_exception, folds=NOT_A_WRAPPER, reads_line_above=may_be_printout
+    )
+]

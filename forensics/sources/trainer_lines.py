@@ -155,5 +155,6 @@ EXTRACTORS = [
     ),
     LineExtractor("deepspeed_step", "deepspeed", r"\] step=\d+, skipped=\d+, lr=\[", _deepspeed),
     LineExtractor("lightning_progress", "lightning", r"Epoch \d+: +\d+%\|", _lightning),
-    LineExtractor("plain_step", "plain_step", r"(?i:step|iter)[^\n]*loss", _plain),
+    # verl's step lines are verl's (parse_plain reads none of them): those its bulk reader reads are not read here
+    LineExtractor("plain_step", "plain_step", r"(?i:step|iter)[^\n]*loss", _plain, yields_to=("verl_step",)),
 ]

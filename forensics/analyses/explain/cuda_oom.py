@@ -176,8 +176,9 @@ def memory_trend(peaks: pl.DataFrame) -> str | None:
     if peaks.height < 4:
         return None
     values = peaks["value"].to_list()
-    rises = sum(1 for a, b in itertools.pairwise(values) if b > a + 0.01 * max(values))
-    if rises >= 0.7 * (len(values) - 1) and values[-1] - values[0] >= max(1.0, 0.2 * max(values)):
+    top = max(values)
+    rises = sum(1 for a, b in itertools.pairwise(values) if b > a + 0.01 * top)
+    if rises >= 0.7 * (len(values) - 1) and values[-1] - values[0] >= max(1.0, 0.2 * top):
         return "growing"
     return None
 
