@@ -13,9 +13,11 @@ import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from forensics.analyses.traces import rank_units
 from forensics.analyses.whatif import WhatIf, what_if
+from forensics.cli import main
 from forensics.discover import discover
 from forensics.pipeline import analyze
 from forensics.sources.base import Sink
@@ -190,3 +192,11 @@ def test_older_kineto_layout_is_a_trace_not_a_log():
     assert device.compute_ns == sum(round(e["dur"] * 1000) for e in kernels)  # no overlap among the four
     a = analyze([folder])
     assert [d["label"] for d in a.traces["devices"]] == ["rank 1"] and a.traces["what_if"] is None
+
+
+def test_the_terminal_states_the_cost_of_a_straggler_and_not_a_healthy_runs_jitter():
+    runner = CliRunner()
+    healthy = runner.invoke(main, ["analyze", str(TRACES / "trace_healthy"), "--no-html"])
+    slow = runner.invoke(main, ["analyze", str(TRACES / "trace_slow_rank"), "--no-html"])
+    assert "HEALTHY" in healthy.output and "What it costs" not in healthy.output
+    assert "What it costs: the job would be 53% faster without rank 1's lateness" in slow.output

@@ -90,7 +90,7 @@ def print_summary(doc: dict[str, Any], console: Console, report_path: str | None
     else:
         _print_root_cause(rc, v["symptoms"], console)
     line = what_if_line(doc.get("traces") or {})
-    if line:
+    if line and any(f["rule"] in STRAGGLER_RULES for f in doc["findings"]):  # below them it is jitter
         console.print(f"[bold]What it costs:[/] {escape(line)}")
     for w in doc["warnings"][:5]:
         hanging(console, "[yellow]warning:[/] ", escape(w))
@@ -118,6 +118,9 @@ def print_checks(doc: dict[str, Any], console: Console) -> None:
         value = "–" if c["value"] is None else str(c["value"])
         table.add_row(escape(c["name"]), f"[{style}]{c['status']}[/]", escape(value), escape(c["detail"]))
     console.print(table)
+
+
+STRAGGLER_RULES = ("trace-straggler", "trace-host-straggler")  # the what-if's cost is worth a line only with one
 
 
 def what_if_line(traces: dict[str, Any]) -> str | None:
