@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 from pathlib import PurePosixPath
 
 # colour codes, also those whose ESC was lost in a paste (`[36m(TaskRunner pid=1)[0m`)
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|(?<![\w\]])\[(?:\d{1,3}(?:;\d{1,3})*)?m(?=[\[(\w\s]|$)")
+# (a bare `[m` only before a bracket, a space or the end: `[master:1234]` is a word, not a colour code)
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|(?<![\w\]])\[(?:\d{1,3}(?:;\d{1,3})*m(?=[\[(\w\s]|$)|m(?=[\[(\s]|$))")
 # Wrappers that tools and people put in front of a program's line: a quoted paste (`> `), MPI's `[1,290]<stderr>:`,
 # Slurm's `srun --label` (`12: `), pdsh's `host: `, a log viewer's line counter (`[80746] `), a container
 # runtime's timestamp. They stand before the program's own prefixes, any number of them.
