@@ -36,6 +36,7 @@ class Spec:
     ranks: int = 1
     expect: dict = field(default_factory=dict)  # empty: healthy
     note: str = ""
+    tee: bool = False  # torchrun --tee 3 --log-dir torchrun_logs: every rank's output prefixed, and kept per rank
 
 
 LM = ("--width", "48", "--seq", "48", "--batch", "8")
@@ -81,6 +82,137 @@ def healthy_lm() -> list[Spec]:
         Spec("lm_hf_key", "cpu_lm", (*LM, "--steps", "150", "--loss-key", "loss", "--save-every", "40")),
         Spec("lm_ddp2", "cpu_lm", (*LM, "--steps", "120"), ranks=2),
         Spec("lm_ddp2_var_len", "cpu_lm", (*LM, "--steps", "120", "--var-len", "--val-every", "20"), ranks=2),
+    ]
+
+
+def healthy_ddp() -> list[Spec]:
+    """Healthy multi-rank runs of 2 to 8 gloo ranks (issue 19): each rank its own data stream, the loss and
+    grad norm averaged over the ranks; torchrun's --tee 3 and --log-dir as in run_gloo.sh. Sized to take at
+    most about 3 minutes each on two busy cores."""
+    return [
+        Spec(
+            "lm_ddp2_constant",
+            "cpu_lm",
+            (*LM, "--steps", "150", "--schedule", "constant", "--lr", "1e-3", "--seed", "3"),
+            ranks=2,
+            tee=True,
+        ),
+        Spec(
+            "lm_ddp3_warmup",
+            "cpu_lm",
+            ("--width", "48", "--seq", "48", "--batch", "6", "--steps", "120", "--schedule", "warmup", "--seed", "4"),
+            ranks=3,
+            tee=True,
+            note="linear warm-up over 20 steps, then constant",
+        ),
+        Spec(
+            "lm_ddp4_cosine",
+            "cpu_lm",
+            ("--width", "48", "--seq", "48", "--batch", "4", "--steps", "120", "--warmup", "10", "--seed", "5"),
+            ranks=4,
+            tee=True,
+            note="warm-up 10 then cosine to 10%",
+        ),
+        Spec(
+            "lm_ddp6_cosine_var_len",
+            "cpu_lm",
+            (
+                "--width",
+                "48",
+                "--seq",
+                "48",
+                "--batch",
+                "4",
+                "--steps",
+                "100",
+                "--warmup",
+                "10",
+                "--var-len",
+                "--seed",
+                "6",
+                "--val-every",
+                "20",
+            ),
+            ranks=6,
+            tee=True,
+            note="warm-up 10 then cosine, a random sequence length each step, validation every 20 steps",
+        ),
+        Spec(
+            "lm_ddp8_warmup",
+            "cpu_lm",
+            (
+                "--width",
+                "32",
+                "--seq",
+                "32",
+                "--batch",
+                "2",
+                "--steps",
+                "100",
+                "--schedule",
+                "warmup",
+                "--warmup",
+                "15",
+                "--lr",
+                "2e-3",
+                "--seed",
+                "7",
+            ),
+            ranks=8,
+            tee=True,
+            note="linear warm-up over 15 steps to 2e-3, then constant",
+        ),
+        Spec(
+            "lm_ddp3_tiny_batch",
+            "cpu_lm",
+            ("--width", "48", "--seq", "48", "--batch", "2", "--steps", "150", "--lr", "2e-3", "--seed", "8"),
+            ranks=3,
+            tee=True,
+            note="2 sequences a rank: a noisy loss, warm-up 20 then cosine",
+        ),
+        Spec(
+            "lm_ddp4_warmup_bump",
+            "cpu_lm",
+            (*LM, "--steps", "150", "--lr", "2e-2", "--warmup", "30", "--seed", "9"),
+            ranks=4,
+            tee=True,
+            note="a high peak learning rate over 4 ranks: the loss may bump during warm-up, then recovers",
+        ),
+        Spec(
+            "lm_ddp6_val_ckpt",
+            "cpu_lm",
+            (
+                *LM,
+                "--steps",
+                "100",
+                "--schedule",
+                "constant",
+                "--lr",
+                "2e-3",
+                "--seed",
+                "10",
+                "--val-every",
+                "25",
+                "--save-every",
+                "50",
+            ),
+            ranks=6,
+            tee=True,
+            note="constant learning rate, validation every 25 steps, a checkpoint every 50",
+        ),
+        Spec(
+            "lm_ddp8_cosine",
+            "cpu_lm",
+            ("--width", "32", "--seq", "32", "--batch", "4", "--steps", "80", "--warmup", "8", "--seed", "11"),
+            ranks=8,
+            tee=True,
+            note="warm-up 8 then cosine to 10%",
+        ),
+    ]
+
+
+def healthy_lm_loggers() -> list[Spec]:
+    return [
         Spec("lm_plain_console", "cpu_lm", (*LM, "--steps", "150", "--console", "plain")),
         Spec("lm_flat_jsonl", "cpu_lm", (*LM, "--steps", "150", "--console", "none", "--also", "flat_jsonl")),
         Spec("lm_csv", "cpu_lm", (*LM, "--steps", "150", "--console", "none", "--also", "csv")),
@@ -194,6 +326,28 @@ def unhealthy() -> list[Spec]:
             expect=fault("lr_jump", 80, HURT),
         ),
         Spec(
+            "lm_ddp4_lr_jump",
+            "cpu_lm",
+            (
+                "--width",
+                "48",
+                "--seq",
+                "48",
+                "--batch",
+                "4",
+                "--steps",
+                "120",
+                "--fault",
+                "lr_jump@70",
+                "--jump",
+                "100",
+            ),
+            ranks=4,
+            tee=True,
+            expect=fault("lr_jump", 70, HURT),
+            note="the control of the healthy multi-rank runs: the same prefixed console, with a fault to find",
+        ),
+        Spec(
             "grpo_lr_jump",
             "cpu_grpo",
             ("--steps", "200", "--fault", "lr_jump@100"),
@@ -256,7 +410,7 @@ def unhealthy() -> list[Spec]:
     ]
 
 
-SPECS = [*healthy_lm(), *healthy_rl(), *unhealthy()]
+SPECS = [*healthy_lm(), *healthy_ddp(), *healthy_lm_loggers(), *healthy_rl(), *unhealthy()]
 
 
 def capture(out: Path, only: str) -> None:
@@ -279,6 +433,7 @@ def capture(out: Path, only: str) -> None:
                 str(spec.ranks),
                 "--master_port",
                 "29517",
+                *(("--tee", "3", "--log-dir", str(run / "torchrun_logs")) if spec.tee else ()),
                 script,
                 "--run-dir",
                 str(run),

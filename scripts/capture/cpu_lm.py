@@ -299,6 +299,9 @@ def main() -> None:
         loggers.close()
         print(f"Training finished after {args.steps} steps", flush=True)
     if ddp:
+        # every rank waits for the others first: with 8 gloo ranks, a rank that tore its group down while a
+        # peer was still logging died at exit ("terminate called without an active exception", SIGABRT)
+        dist.barrier()
         dist.destroy_process_group()
 
 
