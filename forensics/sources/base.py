@@ -406,6 +406,9 @@ class LineExtractor:
     (a trigger's literals find the lines, this says which of them are worth reading: both are decided in Rust).
     `yields_to`: the batch extractors (by name) whose lines this one reads nothing of, when they read them in
     bulk: such a line is not handed to this one's `handle` (nor read one by one for it).
+    `literal_prefilter`: False for a trigger whose literals are words most lines hold (a rank's "rank", a host
+    name's "gpu", Ray's "WorkerDict"): the literal search would make every such line a candidate, each costing
+    Python time; instead Rust searches the whole batch for the trigger, then those lines for `requires`.
     """
 
     name: str
@@ -417,6 +420,7 @@ class LineExtractor:
     reads_line_above: Callable[[str], bool] | None = None
     requires: str | None = None
     yields_to: tuple[str, ...] = ()
+    literal_prefilter: bool = True
 
 
 @dataclass
