@@ -51,13 +51,16 @@ def thin(xs: Sequence[Any], ys: Sequence[float | None], cap: int = MAX_POINTS) -
     """
     n = len(xs)
     if n <= cap:
-        return list(xs), list(ys)
+        return _pick(xs, None), _pick(ys, None)
     buckets = max(1, cap // 3)
     size = n / buckets
     bounds = [(int(b * size), min(n, int((b + 1) * size))) for b in range(buckets)]
     starts = np.array([start for start, end in bounds if start < end], dtype=np.int64)
-    missing = np.fromiter((y is None for y in ys), dtype=bool, count=n)
-    values = np.fromiter((math.nan if y is None else y for y in ys), dtype=np.float64, count=n)
+    if isinstance(ys, np.ndarray):  # numbers only: a missing value is a list's None
+        missing, values = np.zeros(n, dtype=bool), ys.astype(np.float64, copy=False)
+    else:
+        missing = np.fromiter((y is None for y in ys), dtype=bool, count=n)
+        values = np.fromiter((math.nan if y is None else y for y in ys), dtype=np.float64, count=n)
     shown = np.isfinite(values)
     keep = [np.array([0, n - 1]), starts, np.flatnonzero(~shown & ~missing)]  # the ends, buckets, NaN and inf
     bucket = np.searchsorted(starts, np.arange(n), side="right") - 1
@@ -69,8 +72,15 @@ def thin(xs: Sequence[Any], ys: Sequence[float | None], cap: int = MAX_POINTS) -
             at = at[::-1]
         _, first = np.unique(bucket[at], return_index=True)
         keep.append(at[first])
-    order = np.unique(np.concatenate(keep)).tolist()
-    return [xs[i] for i in order], [ys[i] for i in order]
+    order = np.unique(np.concatenate(keep))
+    return _pick(xs, order), _pick(ys, order)
+
+
+def _pick(values: Sequence[Any], order: np.ndarray | None) -> list[Any]:
+    """The values at `order` (all of them for None) as a list of Python objects, from a list or a numpy array."""
+    if isinstance(values, np.ndarray):
+        return (values if order is None else values[order]).tolist()
+    return list(values) if order is None else [values[i] for i in order.tolist()]
 
 
 def compact(value: float | None) -> float | None:
