@@ -75,13 +75,28 @@ class _Info:
     required: set[str] | None  # any match contains one of these strings
 
 
+# Literals that every line of some log holds, however long: the prefix NCCL writes before each of its INFO
+# lines, by the million with NCCL_DEBUG=INFO. A pattern's other required literals are searched instead (in
+# nccl-return-chain, " -> 2"), as long as it has any: which literals are searched never changes what matches.
+UBIQUITOUS = ("NCCL INFO ",)
+
+
+def _ubiquitous(strings: set[str]) -> bool:
+    return any(s in u for s in strings for u in UBIQUITOUS)
+
+
 def _better(a: set[str] | None, b: set[str] | None) -> set[str] | None:
-    """The more selective requirement: the longer shortest string, then the fewer strings."""
+    """The more selective requirement: one without an ubiquitous literal, then the longer shortest string,
+    then the fewer strings."""
     if not a:
         return b or None
     if not b:
         return a
-    return a if (min(map(len, a)), -len(a)) >= (min(map(len, b)), -len(b)) else b
+
+    def rank(x: set[str]) -> tuple[bool, int, int]:
+        return (not _ubiquitous(x), min(map(len, x)), -len(x))
+
+    return a if rank(a) >= rank(b) else b
 
 
 def _as_required(exact: set[str] | None) -> set[str] | None:

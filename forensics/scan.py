@@ -137,7 +137,7 @@ def _rule_pattern(rule: Rule, index: int) -> _Pattern:
 
 
 def _extractor_pattern(extractor: LineExtractor) -> _Pattern:
-    literals = required_literals(extractor.trigger)
+    literals = required_literals(extractor.trigger) if extractor.literal_prefilter else None
     folds = re.compile(extractor.folds) if extractor.folds is not None else None
     search = _python_search(extractor.trigger)
     if extractor.requires is not None:  # Python tells a few lines apart with both (or leaves them to the handler)
@@ -188,7 +188,15 @@ class TextScanner:
             for s in p.literals.strings if p.literals else ():
                 needed_by.setdefault((s, p.literals.icase), []).append(i)
         self._patterns_of = [needed_by[key] for key in self.finder.literals]
-        self._always = [i for i, p in enumerate(patterns) if p.literals is None]
+        # extractors whose trigger Rust searches over the whole batch (LineExtractor.literal_prefilter), then
+        # the lines it finds for what they require: (pattern, trigger, required regex or None)
+        self._searched = [
+            (i, f"(?m){p.rust}", f"(?m){prefilter_form(p.extractor.requires)}" if p.extractor.requires else None)
+            for i, p in enumerate(patterns)
+            if p.extractor is not None and not p.extractor.literal_prefilter
+        ]
+        searched = {i for i, _, _ in self._searched}
+        self._always = [i for i, p in enumerate(patterns) if p.literals is None and i not in searched]
         self.unfiltered = "(?m)" + "|".join(f"(?:{patterns[i].rust})" for i in self._always) if self._always else None
         self._regexes = pl.Series("regex", [f"(?m){p.rust}" for p in patterns], dtype=pl.String)
         self._requires = {  # pattern -> the second regex its lines must match (LineExtractor.requires)
@@ -272,10 +280,16 @@ class TextScanner:
         A search can only match more of a whole text than of its lines one by one, so none is missed.
         """
         found = [hit or _may_end_in_traceback(text) for hit, text in zip(self.finder.any_in(texts), texts, strict=True)]
-        if self.unfiltered is None or not texts:
-            return found
-        unfiltered = text_column(texts).str.contains(self.unfiltered).to_list()
-        return [a or b for a, b in zip(found, unfiltered, strict=True)]
+        if self.unfiltered is not None and texts:
+            unfiltered = text_column(texts).str.contains(self.unfiltered).to_list()
+            found = [a or b for a, b in zip(found, unfiltered, strict=True)]
+        column = text_column(texts) if self._searched and texts else None
+        for _, trigger, requires in self._searched if column is not None else ():
+            hit = column.str.contains(trigger)  # both anywhere in a whole text: true of it when true of a line
+            if requires is not None:
+                hit = hit & column.str.contains(requires)
+            found = [a or b for a, b in zip(found, hit.to_list(), strict=True)]
+        return found
 
     def _candidates(self, batch: LineBatch) -> tuple[np.ndarray, np.ndarray]:
         """(row, pattern) pairs worth trying: the patterns whose literals each line holds, the patterns
@@ -285,13 +299,22 @@ class TextScanner:
         if self.unfiltered is not None:
             rows = owned_lines(batch).str.contains(self.unfiltered).arg_true() + batch.own_start
             unfiltered = set(rows.to_list())
+        searched: dict[int, list[int]] = {}  # row -> the patterns Rust found it for (literal_prefilter False)
+        for index, trigger, requires in self._searched:
+            lines = owned_lines(batch)
+            rows = lines.str.contains(trigger).arg_true()
+            if requires is not None and len(rows):
+                rows = rows.filter(lines.gather(rows).str.contains(requires))
+            for row in (rows + batch.own_start).to_list():
+                searched.setdefault(row, []).append(index)
         off = {i for i, p in enumerate(self.patterns) if p.rule is not None and p.rule.id in self.disabled}
         rows_out: list[int] = []
         tried_out: list[int] = []
-        for row in sorted(held.keys() | unfiltered):
+        for row in sorted(held.keys() | unfiltered | searched.keys()):
             tried = set().union(*(self._patterns_of[literal] for literal in held.get(row, ())))
             if row in unfiltered:
                 tried.update(self._always)
+            tried.update(searched.get(row, ()))
             tried -= off
             rows_out.extend([row] * len(tried))
             tried_out.extend(tried)

@@ -15,7 +15,8 @@ import pytest
 
 from forensics.model import Analysis
 from forensics.pipeline import analyze
-from forensics.sources.base import Sink, one_sample_per_step
+from forensics.sources import base
+from forensics.sources.base import SERIES_SCHEMA, Sink, one_sample_per_step
 from forensics.sources.trainer_lines import parse_plain
 from tests.conftest import FIXTURES, REPO
 
@@ -167,6 +168,29 @@ def test_the_most_precise_copy_wins_and_a_ranked_copy_replaces_the_driver_echo()
     assert lr.select("value", "source").rows() == [(3e-4, "verl_file_logger")]
     assert merged.filter(pl.col("metric") == "actor/pg_loss").select("rank").rows() == [(0,)]
     assert merged.filter(pl.col("metric") == "gpu/power_w").height == 1
+
+
+@pytest.mark.parametrize("step_scale", [1, 10**12])  # dense keys index arrays; sparse ones are sorted
+def test_one_sample_per_step_in_numpy_keeps_what_the_polars_windows_keep(monkeypatch, step_scale):
+    rng = np.random.default_rng(7)
+    sources = ["verl_console", "verl_file_logger", "tensorboard", "plain_step"]
+    for metrics in (3, 300):
+        n = 500
+        table = pl.DataFrame(
+            {
+                "step": [None if rng.random() < 0.1 else int(rng.integers(-3, 6)) * step_scale for _ in range(n)],
+                "metric": [f"m{rng.integers(0, metrics)}" for _ in range(n)],
+                "value": rng.random(n).tolist(),
+                "ts": [None] * n,
+                "rank": [None if rng.random() < 0.4 else int(rng.integers(0, 3)) for _ in range(n)],
+                "source": [sources[rng.integers(0, len(sources))] for _ in range(n)],
+            },
+            schema=SERIES_SCHEMA,
+        )
+        fast = one_sample_per_step(table)
+        monkeypatch.setattr(base, "_one_sample_rows", lambda stepped: None)
+        assert fast.equals(one_sample_per_step(table))
+        monkeypatch.undo()
 
 
 def test_verl_jsonl_null_is_nan_but_a_flat_null_is_missing(tmp_path):

@@ -184,3 +184,7 @@ def test_whole_files_that_may_match_are_told_from_those_that_cannot(tmp_path, en
     assert scanner.unfiltered is not None  # a rule with no literal: its own regex is searched
     texts = [b"all is well\n12\n", b"ok\n123456\nok\n", b"x\n[rank1] double-BIT ECC error\n", b""]
     assert scanner.may_match(texts) == [False, True, True, False]
+    # rank_measurements has no literal search (LineExtractor.literal_prefilter): its trigger and what it requires
+    # are searched in the whole text, both needed
+    texts = [b"x\n[rank3] allreduce took 2.8 ms\n", b"rank 3 of 512 is ready\n", b"the job took 2.8 ms\n"]
+    assert scanner.may_match(texts) == [True, False, False]

@@ -14,6 +14,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 LOG_SPAN = 100.0  # largest / smallest positive value from which the axis may turn logarithmic (two decades)
 FLATTENED_SHARE = 0.5  # ... when a linear axis would press at least this share of the points into its bottom 5%
 CALM_FRACTION = 0.05  # the y range spans at least this fraction of the values' magnitude
@@ -49,21 +51,36 @@ def thin(xs: Sequence[Any], ys: Sequence[float | None], cap: int = MAX_POINTS) -
     """
     n = len(xs)
     if n <= cap:
-        return list(xs), list(ys)
+        return _pick(xs, None), _pick(ys, None)
     buckets = max(1, cap // 3)
     size = n / buckets
-    keep: set[int] = {0, n - 1} | {i for i, y in enumerate(ys) if y is not None and not math.isfinite(y)}
-    for b in range(buckets):
-        start, end = int(b * size), min(n, int((b + 1) * size))
-        if start >= end:
-            continue
-        keep.add(start)
-        span = [(ys[i], i) for i in range(start, end) if ys[i] is not None and math.isfinite(ys[i])]
-        if span:
-            keep.add(min(span)[1])
-            keep.add(max(span)[1])
-    order = sorted(keep)
-    return [xs[i] for i in order], [ys[i] for i in order]
+    bounds = [(int(b * size), min(n, int((b + 1) * size))) for b in range(buckets)]
+    starts = np.array([start for start, end in bounds if start < end], dtype=np.int64)
+    if isinstance(ys, np.ndarray):  # numbers only: a missing value is a list's None
+        missing, values = np.zeros(n, dtype=bool), ys.astype(np.float64, copy=False)
+    else:
+        missing = np.fromiter((y is None for y in ys), dtype=bool, count=n)
+        values = np.fromiter((math.nan if y is None else y for y in ys), dtype=np.float64, count=n)
+    shown = np.isfinite(values)
+    keep = [np.array([0, n - 1]), starts, np.flatnonzero(~shown & ~missing)]  # the ends, buckets, NaN and inf
+    bucket = np.searchsorted(starts, np.arange(n), side="right") - 1
+    for fill, reduce, last in ((math.inf, np.minimum, False), (-math.inf, np.maximum, True)):
+        # per bucket the lowest (its first index) and the highest (its last) of the finite values
+        extreme = reduce.reduceat(np.where(shown, values, fill), starts)
+        at = np.flatnonzero(shown & (values == extreme[bucket]))
+        if last:
+            at = at[::-1]
+        _, first = np.unique(bucket[at], return_index=True)
+        keep.append(at[first])
+    order = np.unique(np.concatenate(keep))
+    return _pick(xs, order), _pick(ys, order)
+
+
+def _pick(values: Sequence[Any], order: np.ndarray | None) -> list[Any]:
+    """The values at `order` (all of them for None) as a list of Python objects, from a list or a numpy array."""
+    if isinstance(values, np.ndarray):
+        return (values if order is None else values[order]).tolist()
+    return list(values) if order is None else [values[i] for i in order.tolist()]
 
 
 def compact(value: float | None) -> float | None:

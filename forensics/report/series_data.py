@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from forensics.report.scales import compact, thin, value_axis
@@ -36,14 +37,28 @@ def _grouped(series: pl.DataFrame) -> pl.DataFrame:
     timed = kept.filter(pl.col("ts").is_not_null() & ~pl.col("metric").is_in(by_step.implode())).select(
         "metric", "source", "rank", pl.col("ts").dt.epoch("ms").alias("x"), "value", pl.lit(False).alias("by_step")
     )
-    return (
-        pl.concat([stepped, timed])
-        .group_by("metric", "source", "rank", "x")
-        .agg(pl.col("value").mean(), pl.col("by_step").first())
-        .group_by("metric", "source", "rank")
-        .agg(pl.col("x").sort(), pl.col("value").sort_by("x"), pl.col("by_step").first())
-        .sort("metric", "rank", "source", nulls_last=True)
+    points = pl.concat([stepped, timed])
+    # one trace per (metric, source, rank), its points in x order; the copies of one x averaged. Where every x
+    # of a trace is its only one (each step logged once, as one_sample_per_step leaves them), the averaging
+    # group_by is left out: over 3M samples its hash table of four keys took ~600 MB. A mean of one value is the
+    # value, but for -0.0 (a sum from 0.0 drops its sign): + 0.0 does the same.
+    once = points.group_by("metric", "source", "rank").agg(
+        pl.col("x").sort(),
+        (pl.col("value") + 0.0).sort_by("x"),
+        pl.col("by_step").first(),
+        (pl.col("x").n_unique() == pl.len()).alias("_once"),
     )
+    if once["_once"].all():
+        grouped = once.drop("_once")
+    else:
+        del once
+        grouped = (
+            points.group_by("metric", "source", "rank", "x")
+            .agg(pl.col("value").mean(), pl.col("by_step").first())
+            .group_by("metric", "source", "rank")
+            .agg(pl.col("x").sort(), pl.col("value").sort_by("x"), pl.col("by_step").first())
+        )
+    return grouped.sort("metric", "rank", "source", nulls_last=True)
 
 
 def _trace_name(rank: int | None, source: str, by_step: bool, several_sources: bool) -> str:
@@ -55,7 +70,10 @@ def _raw_metrics(series: pl.DataFrame) -> list[dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     grouped = _grouped(series)
     sources = dict(grouped.group_by("metric").agg(pl.col("source").n_unique()).iter_rows())
-    for row in grouped.iter_rows(named=True):
+    points = _points(grouped)
+    grouped = grouped.drop("x", "value")
+    for row, (xs, ys) in zip(grouped.iter_rows(named=True), points, strict=True):
+        row["x"], row["value"] = xs, ys
         m = out.setdefault(
             row["metric"],
             {"name": row["metric"], "x": "step" if row["by_step"] else "time", "traces": [], "left_out": 0},
@@ -66,6 +84,17 @@ def _raw_metrics(series: pl.DataFrame) -> list[dict[str, Any]]:
         name = _trace_name(row["rank"], row["source"], row["by_step"], sources[row["metric"]] > 1)
         m["traces"].append({"name": name, "x": row["x"], "y": row["value"]})
     return list(out.values())
+
+
+def _points(grouped: pl.DataFrame) -> list[tuple[Any, Any]]:
+    """Each row's x and y: numpy views into one flat array each (3M samples as Python objects took ~250 MB),
+    or lists when a value is missing (thinning keeps a NaN, never a missing value: they must stay apart)."""
+    values = grouped["value"].explode()
+    if values.null_count() or grouped["x"].explode().null_count():
+        return list(zip(grouped["x"].to_list(), grouped["value"].to_list(), strict=True))
+    ends = np.cumsum(grouped["x"].list.len().to_numpy())
+    xs, ys = grouped["x"].explode().to_numpy(), values.to_numpy()
+    return [(xs[a:b], ys[a:b]) for a, b in zip([0, *ends[:-1].tolist()], ends.tolist(), strict=True)]
 
 
 def series_catalogue(series: pl.DataFrame) -> dict[str, Any]:

@@ -353,9 +353,16 @@ def one_sample_per_step(series: pl.DataFrame) -> pl.DataFrame:
     A copy without a rank (the driver's console) gives way to the ranked copies of the same precision (the
     same print, seen in that rank's own stdout). Samples without a step (GPU samples over time) are kept.
     """
-    stepped = series.filter(pl.col("step").is_not_null())
+    unstepped = series["step"].null_count()
+    stepped = series.filter(pl.col("step").is_not_null()) if unstepped else series
     if stepped.is_empty():
         return series
+    kept_rows = _one_sample_rows(stepped)
+    if kept_rows is not None:
+        if not unstepped and len(kept_rows) == series.height:
+            return series  # one sample per step already (a single console's): no copy
+        kept = stepped[kept_rows]
+        return pl.concat([series.filter(pl.col("step").is_null()), kept]) if unstepped else kept
     ranked = stepped.with_columns(
         pl.col("source").replace_strict(SOURCE_PRECISION, default=TEXT_PRECISION, return_dtype=pl.Int8).alias("_p"),
         pl.int_range(pl.len()).alias("_seq"),
@@ -365,6 +372,69 @@ def one_sample_per_step(series: pl.DataFrame) -> pl.DataFrame:
     best = best.filter(pl.col("rank").is_not_null() | ~has_rank)
     kept = best.unique(subset=["metric", "step", "rank"], keep="first", maintain_order=True)
     return pl.concat([series.filter(pl.col("step").is_null()), kept.sort("_seq").drop("_p", "_seq")])
+
+
+DENSE_KEYS_PER_ROW = 4  # keys up to this many times the rows index arrays; sparser ones are sorted
+
+
+def _one_sample_rows(stepped: pl.DataFrame) -> np.ndarray | None:
+    """The rows `one_sample_per_step` keeps of the stepped samples, in order, found with integer keys in numpy;
+    None when the keys do not fit in 64 bits (or a metric is missing), for the polars path.
+
+    Polars' windows over (metric, step) hash every row's string and keep their tables for each of the three
+    steps: on 3M samples (a 1 GiB run's 20,000 steps of 150 metrics) the peak RSS went from 0.36 to 1.35 GB.
+    """
+    n = stepped.height
+    metric = stepped["metric"]
+    if metric.null_count():
+        return None
+    codes = metric.cast(pl.Categorical).to_physical().to_numpy()
+    step = stepped["step"].to_numpy()
+    rank_col = stepped["rank"]
+    has_rank = rank_col.is_not_null().to_numpy()
+    rank = rank_col.fill_null(0).to_numpy().astype(np.int64) if has_rank.any() else np.zeros(1, dtype=np.int64)
+    step_min = int(step.min())
+    step_span = int(step.max()) - step_min + 1
+    rank_span = int(rank.max()) - int(rank.min()) + 2
+    if (int(codes.max()) + 1) * step_span * rank_span >= 1 << 62:
+        return None
+    group = codes.astype(np.int64)  # (metric, step), computed in place: a 1 GiB run has 3M samples
+    del codes
+    group *= step_span
+    group += step
+    group -= step_min
+    del step
+    groups = int(group.max()) + 1
+    if groups > DENSE_KEYS_PER_ROW * n:  # sparse: numbered 0.. in a sort (dense keys index arrays directly)
+        _, group = np.unique(group, return_inverse=True)
+        groups = int(group.max()) + 1
+    sources = stepped["source"].unique()
+    if sources.len() == 1:  # one source (a verl run's console): one precision, every sample is of the best
+        keep = np.ones(n, dtype=bool)
+    else:
+        precision = stepped["source"].replace_strict(SOURCE_PRECISION, default=TEXT_PRECISION, return_dtype=pl.Int8)
+        precision = precision.to_numpy()
+        best = np.full(groups, np.iinfo(np.int8).min, dtype=np.int8)
+        np.maximum.at(best, group, precision)
+        keep = precision == best[group]  # from the most precise source of its (metric, step)
+        del precision, best
+    if has_rank.any() and not has_rank.all():
+        ranked_group = np.bincount(group[keep & has_rank], minlength=groups) > 0
+        keep &= has_rank | ~ranked_group[group]  # a copy without a rank gives way to ranked copies
+    rows = np.flatnonzero(keep)
+    del keep
+    key = group[rows]
+    del group
+    if has_rank.any():
+        key = key * rank_span + np.where(has_rank[rows], rank[rows] - rank.min() + 1, 0)
+    if int(key.max()) < DENSE_KEYS_PER_ROW * n:  # the first row of each (metric, step, rank)
+        if np.bincount(key).max() <= 1:
+            return rows  # one sample each already
+        first = np.full(int(key.max()) + 1, len(rows), dtype=np.int64)
+        np.minimum.at(first, key, np.arange(len(rows)))
+        return rows[np.sort(first[first < len(rows)])]
+    _, first = np.unique(key, return_index=True)
+    return rows[np.sort(first)]
 
 
 def _frame(data: Any, schema: dict[str, pl.DataType]) -> pl.DataFrame:
@@ -406,6 +476,9 @@ class LineExtractor:
     (a trigger's literals find the lines, this says which of them are worth reading: both are decided in Rust).
     `yields_to`: the batch extractors (by name) whose lines this one reads nothing of, when they read them in
     bulk: such a line is not handed to this one's `handle` (nor read one by one for it).
+    `literal_prefilter`: False for a trigger whose literals are words most lines hold (a rank's "rank", a host
+    name's "gpu", Ray's "WorkerDict"): the literal search would make every such line a candidate, each costing
+    Python time; instead Rust searches the whole batch for the trigger, then those lines for `requires`.
     """
 
     name: str
@@ -417,6 +490,7 @@ class LineExtractor:
     reads_line_above: Callable[[str], bool] | None = None
     requires: str | None = None
     yields_to: tuple[str, ...] = ()
+    literal_prefilter: bool = True
 
 
 @dataclass

@@ -100,5 +100,8 @@ EXTRACTORS = [
         # a line `_handle` reads holds a measurement hint (MEASURE_HINT, searched in the whole line here): Rust
         # leaves out the rest, a run's NCCL INFO and ProcessGroupNCCL lines that name ranks by the thousand
         requires=MEASURE_HINT.pattern,
+        # its words are in most lines of a large run (every ProcessGroupNCCL line names a rank and a GPU, every
+        # Ray worker line says "WorkerDict", NCCL's host names hold "gpu"): Rust searches the batch instead
+        literal_prefilter=False,
     ),
 ]

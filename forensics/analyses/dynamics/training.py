@@ -67,6 +67,7 @@ ENTROPY_REWARD_WINDOW = 10  # ...and the reward at the end is no better than ove
 ENTROPY_REWARD_GAIN_NOISE = 3.0  # (by more than this many noise units)
 KL_FACTOR = 10.0  # a KL this many times its recent history...
 KL_HISTORY_MIN = 10  # (the median of the 10 steps before, or a tenth of the run)
+HISTORY_MEDIAN_FLOATS = 1 << 19  # the windows of the history's median taken at once (4 MiB of float64)
 KL_FLOOR = {"ppo_kl": 0.05, "kl": 0.5}  # ...and above this floor
 KL_MIN_STEPS = 3
 CLIPFRAC_HIGH = 0.2
@@ -553,7 +554,12 @@ def _history_level(y: np.ndarray, window: int) -> np.ndarray:
     for i in range(3, min(window, len(y))):
         level[i] = np.median(y[:i])
     if len(y) > window:
-        level[window:] = np.median(np.lib.stride_tricks.sliding_window_view(y[:-1], window), axis=1)
+        windows = np.lib.stride_tricks.sliding_window_view(y[:-1], window)
+        # a few rows at a time: np.median copies what it is given, and a run's tenth of 20,000 steps as the
+        # window made that 20,000 x 2,000 floats (320 MB) at once
+        rows = max(1, HISTORY_MEDIAN_FLOATS // window)
+        for start in range(0, len(windows), rows):
+            level[window + start : window + start + rows] = np.median(windows[start : start + rows], axis=1)
     return level
 
 
