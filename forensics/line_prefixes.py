@@ -15,12 +15,14 @@ from pathlib import PurePosixPath
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|(?<![\w\]])\[(?:\d{1,3}(?:;\d{1,3})*m(?=[\[(\w\s]|$)|m(?=[\[(\s]|$))")
 # Wrappers that tools and people put in front of a program's line: a quoted paste (`> `), MPI's `[1,290]<stderr>:`,
 # Slurm's `srun --label` (`12: `), pdsh's `host: `, a log viewer's line counter (`[80746] `), a container
-# runtime's timestamp. They stand before the program's own prefixes, any number of them.
+# runtime's timestamp, a harness's stream name (`stderr: `, as accelerate's test runner prints a child's output).
+# They stand before the program's own prefixes, any number of them.
 QUOTE_PREFIX = re.compile(r"^\s{0,3}>+ ?")
 MPI_PREFIX = re.compile(r"^\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr)>:\s?")
 SRUN_PREFIX = re.compile(r"^\s{0,4}(?P<rank>\d{1,5}): (?=\S)")
 HOST_PREFIX = re.compile(r"^(?P<host>(?=[\w.-]*\d)[A-Za-z0-9][\w.-]{1,62}): (?=\S)")
 COUNTER_PREFIX = re.compile(r"^\[\d{1,9}\] (?=\S)")
+STREAM_PREFIX = re.compile(r"^(?:stdout|stderr): ")
 RUNTIME_TS_PREFIX = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z (?=\S)")
 RAY_PREFIX = re.compile(r"^\((?:(?P<name>[^()]*?) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^)\s]+))?\)\s?")
 RAY_SYSTEM_PREFIX = re.compile(r"^\((?P<src>raylet|gcs_server|autoscaler[^,)]*)(?:, ip=(?P<ip>[^)\s]+))?\)\s?")
@@ -80,6 +82,7 @@ ANY_PREFIX = "|".join(
         MPI_PREFIX,
         QUOTE_PREFIX,
         COUNTER_PREFIX,
+        STREAM_PREFIX,
         RUNTIME_TS_PREFIX,
         SRUN_PREFIX,
         HOST_PREFIX,
@@ -194,7 +197,7 @@ def _peel(text: str, ctx: LineContext) -> str | None:
     if m:
         ctx.rank = int(m["rank"])
         return text[m.end() :]
-    m = QUOTE_PREFIX.match(text) or COUNTER_PREFIX.match(text)
+    m = QUOTE_PREFIX.match(text) or COUNTER_PREFIX.match(text) or STREAM_PREFIX.match(text)
     if m:
         return text[m.end() :]
     m = RUNTIME_TS_PREFIX.match(text)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from forensics.line_prefixes import parse_timestamp
+from forensics.line_prefixes import FileContext, attribute, parse_timestamp
 from forensics.sources.base import LineExtractor, LineRecord, Sink
 
 SOURCE = "torchrun"
@@ -27,10 +27,15 @@ SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL
 ENTRY_HEADER = re.compile(r"^\s*\[\d+\]:\s*$")
 
 
+def _body(text: str) -> str:
+    """A neighbouring line without the wrappers in front of it (`stderr: `, `[1,0]<stderr>:`, `> `, a Ray prefix)."""
+    return attribute(text, FileContext()).body
+
+
 def _block_fields(rec: LineRecord) -> dict[str, str]:
     """The key/value lines of the failure entry around an `exitcode :` line."""
     found: dict[str, str] = {}
-    before = rec.hit.preceding(8)
+    before = [_body(t) for t in rec.hit.preceding(8)]
     header_at = None
     for i in range(len(before) - 1, -1, -1):
         text = before[i].strip()
@@ -41,7 +46,7 @@ def _block_fields(rec: LineRecord) -> dict[str, str]:
         if m:
             found.setdefault(m["key"], m["value"].strip())
     for text in rec.hit.following(3):
-        m = FIELD.match(text.strip())
+        m = FIELD.match(_body(text).strip())
         if not m:
             break
         found.setdefault(m["key"], m["value"].strip())
