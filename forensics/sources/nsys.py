@@ -247,14 +247,22 @@ def _timelines(
     return out
 
 
+def _nvtx_label(schema: _Schema) -> tuple[str, str] | None:
+    """How to read an NVTX range's text (inline, or by id from StringIds): (join, expression); None without ranges."""
+    if not schema.has(NVTX, "start", "end", "eventType"):
+        return None
+    text = "n.text" if "text" in schema.columns(NVTX) else "NULL"
+    if "textId" in schema.columns(NVTX) and "StringIds" in schema.tables:
+        return "LEFT JOIN StringIds s ON s.id = n.textId", f"COALESCE({text}, s.value)"
+    return "", text
+
+
 def _profiler_steps(conn: sqlite3.Connection, schema: _Schema) -> list[tuple[int, int, int]]:
     """`ProfilerStep#N` NVTX ranges (torch.profiler with NVTX on), as (N, start, end)."""
-    if not schema.has(NVTX, "start", "end", "eventType"):
+    reading = _nvtx_label(schema)
+    if reading is None:
         return []
-    text = "n.text" if "text" in schema.columns(NVTX) else "NULL"
-    join, name = "", text
-    if "textId" in schema.columns(NVTX) and "StringIds" in schema.tables:
-        join, name = "LEFT JOIN StringIds s ON s.id = n.textId", f"COALESCE({text}, s.value)"
+    join, name = reading
     types = ", ".join(map(str, NVTX_RANGE_TYPES))
     sql = (
         f'SELECT {name}, n.start, n."end" FROM {NVTX} n {join} WHERE n.eventType IN ({types}) '
@@ -370,12 +378,10 @@ def _fill_nccl(
 
 
 def _top_nvtx(conn: sqlite3.Connection, schema: _Schema) -> list[dict[str, Any]]:
-    if not schema.has(NVTX, "start", "end", "eventType"):
+    reading = _nvtx_label(schema)
+    if reading is None:
         return []
-    text = "n.text" if "text" in schema.columns(NVTX) else "NULL"
-    join, name = "", text
-    if "textId" in schema.columns(NVTX) and "StringIds" in schema.tables:
-        join, name = "LEFT JOIN StringIds s ON s.id = n.textId", f"COALESCE({text}, s.value)"
+    join, name = reading
     types = ", ".join(map(str, NVTX_RANGE_TYPES))
     sql = (
         f'SELECT {name} AS label, COUNT(*), SUM(n."end" - n.start), MAX(n."end" - n.start) FROM {NVTX} n {join} '
