@@ -15,9 +15,10 @@ from forensics.line_prefixes import ANSI_ESC, ANSI_ESCLESS, ANY_PREFIX
 # Python prints the exception line at the start of a line; loggers may put a `... file.py:N] ` header first.
 # Exception names in the middle of other text (C++ component logs quoting an `RpcError:`) are not exceptions, nor
 # is a bare `Error:` (every kind of tool prints that); a bare `Exception: ...` is Python's `raise Exception(...)`.
+# pytest's short summary puts the test first: `FAILED tests/test_x.py::test_y - AssertionError: ...`.
 # IPython (notebooks) prints the class alone in the traceback's head line: `OutOfMemoryError    Traceback (...)`.
 EXCEPTION_LINE = re.compile(
-    r"^\s*(?:`?\s*|\S[^\]]*\]\s+)(?P<cls>(?:[A-Za-z_]\w*\.)*"
+    r"^\s*(?:`?\s*|\S[^\]]*\]\s+|(?:FAILED|ERROR) \S+ - )(?P<cls>(?:[A-Za-z_]\w*\.)*"
     r"(?:_?[A-Z]\w*Error|(?:_?[A-Z]\w*)?Exception|KeyboardInterrupt|SystemExit))"
     r"(?:\((?P<cause>[\w.]+)\))?(?::\s?(?P<msg>.*)|\s*$|\s{2,}Traceback \(most recent call last\))"
 )
@@ -27,6 +28,7 @@ TRACEBACK_HEAD = re.compile(r"Traceback \(most recent call last\)|^\s*During han
 # will be retried. Error: User exception:", then the `ray::f()` line and the attempt's traceback.
 RETRY_REPORT = re.compile(r"\bthe task will be retried\b")
 RAY_TASK_LINE = re.compile(r"^\s*(?:\x1b\[[\d;]*m)?ray::[\w.]+\(")
+_DIGIT_RUNS = re.compile(r"(\d+)")
 CUT_NAME = re.compile(r"^\s*[A-Za-z_][\w.]*$")  # an exception line cut inside the class name
 MAX_FRAMES = 40
 _IN_PRINTOUT = re.compile(r"Traceback \(most recent call last\)|During handling of|The above exception|ray::|\^+\s*$")
@@ -163,7 +165,7 @@ def cut_traceback(lines: list[str], strip: Callable[[str], str] = _unchanged) ->
     The lines after the last frame may only be its source and caret lines, blank lines, and a last line cut
     mid-way (an exception name without its message); a complete traceback ends in its exception line instead.
     """
-    bodies = [strip(text) for text in lines]
+    bodies = _without_logger_header([strip(text) for text in lines])
     end = len(bodies)
     while end and not bodies[end - 1].strip():
         end -= 1
@@ -182,6 +184,42 @@ def cut_traceback(lines: list[str], strip: Callable[[str], str] = _unchanged) ->
     if last_frame is None:
         return None
     return last_frame, RaisedException("", frames=frames_above(bodies[: last_frame + 1]))
+
+
+def _logger_header(bodies: list[str]) -> re.Pattern[str] | None:
+    """The header a logger puts before each line of a traceback it prints (vLLM's `ERROR 02-25 11:11:34
+    engine.py:139] `, `2024-01-22 14:32:27 | ERROR | stderr | `), read off the last frame line, as a pattern in
+    which runs of digits (times, pids) may differ from line to line; None when frames start their lines."""
+    for body in reversed(bodies):
+        at = body.find('File "')
+        if at >= 0:
+            head = body[:at].rstrip()
+            if not head:
+                return None
+            return re.compile(
+                "".join(r"\d+" if part.isdigit() else re.escape(part) for part in _DIGIT_RUNS.split(head))
+            )
+    return None
+
+
+def _without_logger_header(bodies: list[str]) -> list[str]:
+    """The lines with the logger header of their traceback peeled (the indentation after it kept); a last line cut
+    inside the header is left blank."""
+    header = _logger_header(bodies)
+    if header is None:
+        return bodies
+    matches = [header.match(body) for body in bodies]
+    peeled = [body[m.end() :] if m else body for body, m in zip(bodies, matches, strict=True)]
+    last = max((i for i, body in enumerate(bodies) if body.strip()), default=-1)
+    if last >= 0 and matches[last] is None and _cut_inside_header(bodies[last], matches):
+        peeled[last] = ""
+    return peeled
+
+
+def _cut_inside_header(line: str, matches: list[re.Match[str] | None]) -> bool:
+    """Whether `line` is the start of a header line cut short (`ERROR 03-31 11:1`)."""
+    shape = _DIGIT_RUNS.sub("0", line.strip())
+    return any(_DIGIT_RUNS.sub("0", m.group()).startswith(shape) for m in matches if m is not None)
 
 
 def last_exception(text: str, strip: Callable[[str], str] = str.strip) -> RaisedException | None:

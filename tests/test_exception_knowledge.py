@@ -93,9 +93,32 @@ def test_a_traceback_cut_before_its_exception_line_is_a_crash_raised_where_its_f
     assert root["evidence"][0]["line"] == 10  # the last frame line
 
 
-@pytest.mark.parametrize("case_id", ["0110", "0515", "0469"])
+@pytest.mark.parametrize("case_id", ["0110", "0515"])
 def test_a_complete_traceback_is_not_read_as_cut(case_id):
     assert cut_traceback(_case(case_id).split("\n")) is None
+
+
+@pytest.mark.parametrize(
+    ("case_id", "last_func"),
+    [
+        ("0085", "_init_sampling_tensors"),  # vLLM's `ERROR 02-25 11:11:34 engine.py:139] ` before every line
+        ("0477", "__init__"),  # the same header, the paste cut inside the last one: `ERROR 03-31 11:1`
+        ("0114", "_run_code"),  # FastChat's `2024-01-22 14:32:27 | ERROR | stderr | `
+    ],
+)
+def test_a_traceback_printed_by_a_logger_is_read_as_cut_below_its_headers(case_id, last_func):
+    cut = cut_traceback(_case(case_id).split("\n"))
+    assert cut is not None
+    assert cut[1].frames[-1].func == last_func
+    verdict = _verdict(OPEN / f"{case_id}.log")
+    assert (verdict["status"], verdict["root_cause"]["class"]) == ("failed", "unknown_crash")
+
+
+def test_a_cut_traceback_below_a_named_exception_does_not_replace_it():
+    """Ray's `Unhandled error` printout, cut inside a frame, below the ConfigKeyError it reports."""
+    assert cut_traceback(_case("0469").split("\n")) is not None
+    root = _verdict(OPEN / "0469.log")["root_cause"]
+    assert (root["class"], root["rule"]) == ("config_error", "hydra-config-error")
 
 
 def test_a_named_exception_outranks_the_frames_of_a_cut_one():
@@ -204,3 +227,15 @@ def test_a_bare_exception_is_a_crash_that_names_nothing_and_a_bare_error_line_is
     assert root["evidence"][0]["text"].startswith("Exception: Trajectory 8 cannot complete")
     assert parse_exception_line("Error: No available node types can fulfill resource request") is None
     assert parse_exception_line("Exception in thread Thread-13 (runner):") is None
+
+
+def test_pytest_short_summary_states_the_exception_of_a_failed_test():
+    """SkyRL's CI: `FAILED tests/...::test[...] - AssertionError: a (4) and b (1) must be the same ...`."""
+    raised = parse_exception_line(
+        "FAILED tests/gpu/test_ckpt.py::test_save[fsdp-False] - AssertionError: num_policy_gpus (4) and "
+        "num_rollout_gpus (1) must be the same when colocating all models"
+    )
+    assert raised is not None and raised.cls == "AssertionError" and raised.message.startswith("num_policy_gpus")
+    assert parse_exception_line("FAILED tests/test_a.py::test_b - see the log above") is None
+    root = _verdict(OPEN / "0578.log")["root_cause"]
+    assert (root["class"], root["rule"]) == ("config_error", "config-value-invalid")

@@ -29,6 +29,7 @@ from forensics.rules.model import USER_REGEX_TIMEOUT_S, Rule
 
 MAX_EVIDENCE = 5
 READINGS_PER_LINE = 1 << 12  # room in the sequence number to order several rules' readings of one line
+CUT_TRACEBACK_CONFIDENCE = 0.6  # a class read off the frames of a traceback cut before its exception line
 WRAPPER_EXCEPTIONS = {
     "RayTaskError",
     "ActorDiedError",
@@ -347,6 +348,8 @@ def diagnose(
         confidence = 0.4
     if root.strength == STATISTICAL:
         confidence = _statistical_confidence(root, findings)
+    if root.fields.get("truncated") and root.cls != "unknown_crash":
+        confidence = min(confidence, CUT_TRACEBACK_CONFIDENCE)
     if root.rank is None and any(f.rank is not None for f in findings):
         confidence -= 0.1
     where = f" on rank {root.rank}" if root.rank is not None else ""
