@@ -34,8 +34,12 @@ NCCL_PREFIX = re.compile(
     r"^(?:\[(?P<ts>\d{4}-\d\d-\d\d [^\]]+)\] )?(?P<host>[^:\s]+):(?P<pid>\d+):(?P<tid>\d+) "
     r"(?:\[(?P<dev>\d+)\] )?.*?NCCL (?:INFO|WARN|TRACE|CALL)"
 )
+# The rank a message says it was printed on: `[PG 0 Rank 3]`, `on rank 3`, `rank=3`; torch's desync check
+# (`Rank 1 is running collective: ..., but Rank 0 is ...`, raised on the first) and communicator setup (`[1] is
+# setting up NCCL communicator ... from [0]`); torchrun's failure entry pasted flat (`rank2 (local rank: 2)`).
 RANK_IN_MESSAGE = re.compile(
-    r"\[(?:PG [^\]]*?)?Rank (?P<rank>\d+)\]|\bon rank (?P<rank2>\d+)\b|\brank(?:=| )(?P<rank3>\d+)\b"
+    r"\[(?:PG [^\]]*?)?Rank (\d+)\]|\bon rank (\d+)\b|\brank(?:=| )(\d+)\b|\bRank (\d+) is running collective\b"
+    r"|\[(\d+)\] is setting up NCCL communicator\b|\brank\s*:?\s*(\d+) \(local[_ ]rank: \d+\)"
 )
 PYLOG_LEVEL = re.compile(r"\b(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b")
 GLOG_LEVEL = {"I": "info", "W": "warning", "E": "error", "F": "critical"}
@@ -236,7 +240,7 @@ def attribute(line: str, fctx: FileContext) -> LineContext:
     if ctx.rank is None:
         m = RANK_IN_MESSAGE.search(text)
         if m:
-            ctx.rank = int(m["rank"] or m["rank2"] or m["rank3"])
+            ctx.rank = int(next(group for group in m.groups() if group))
     if ctx.ts is None:
         ctx.ts = parse_timestamp(text, fctx.year)
     if ctx.level is None:

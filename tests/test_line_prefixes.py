@@ -22,3 +22,19 @@ def test_a_harness_stream_name_is_peeled_and_torchruns_summary_read_behind_it():
     rc = a.verdict.root_cause
     assert a.verdict.status == "failed" and rc.cls == "unknown_crash"
     assert (rc.rank, rc.host) == (1, "wph178") and rc.evidence[0].text.strip() == "exitcode  : 1 (pid: 8835)"
+
+
+def test_the_rank_a_torch_message_was_raised_on_is_read_from_its_words():
+    """torch's desync check names its own rank first; communicator setup names it in brackets; a torchrun failure
+    entry pasted flat keeps `rankN (local rank: N)`. A rank a message only mentions as a peer is not taken."""
+    said = {
+        "RuntimeError: Detected mismatch between collectives on ranks. Rank 1 is running collective: "
+        "CollectiveFingerPrint(SequenceNumber=12, OpType=ALLREDUCE), but Rank 0 is running collective: "
+        "CollectiveFingerPrint(SequenceNumber=12, OpType=BROADCAST).": 1,
+        "torch.distributed.DistBackendError: [3] is setting up NCCL communicator and retrieving ncclUniqueId from "
+        "[0] via c10d key-value store by key '0', but store->get('0') got error: Socket Timeout": 3,
+        "rank2 (local rank: 2)exitcode: -9 (pid: 36071)error file: <N/A>": 2,
+        "retrieving ncclUniqueId from [0] via c10d key-value store": None,
+    }
+    for line, rank in said.items():
+        assert attribute(line, FileContext()).rank == rank, line

@@ -110,7 +110,9 @@ def test_analyze_and_lint_refuse_an_invalid_metrics_file(tmp_path):
 
 
 def test_metric_files_are_not_read_as_rules():
+    """`patterns lint` times regexes (a busy machine may report one as slow): what it must not do is read the
+    files of metrics/ as rules."""
     result = CliRunner().invoke(main, ["patterns", "lint"])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code in (0, 2) and "metrics/" not in result.output, result.output
     listed = CliRunner().invoke(main, ["patterns", "list"]).output
     assert "10-verl" not in listed
