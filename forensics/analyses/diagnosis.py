@@ -43,7 +43,7 @@ WRAPPER_EXCEPTIONS = {
     "KeyboardInterrupt",
 }
 _PYTHON_EXCEPTION_START = re.compile(
-    r"^\s*(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*Error|(?:[A-Z]\w*)?Exception)\b(?:\([\w.]+\))?(?::|\s*$)"
+    r"^\s*(?:[A-Za-z_]\w*\.)*(?:_?[A-Z]\w*Error|(?:_?[A-Z]\w*)?Exception)\b(?:\([\w.]+\))?(?::|\s*$)"
 )
 
 
@@ -238,7 +238,8 @@ def _unknown_crash(events: pl.DataFrame, findings: list[Finding], file_order: di
             if occ.fields.get("truncated"):
                 cut.append(occ)
             elif exc in WRAPPER_EXCEPTIONS and (not cause or cause in WRAPPER_EXCEPTIONS):
-                continue
+                if exc not in ("KeyboardInterrupt", "SystemExit"):  # stopped by hand or by the program itself
+                    exits.append(occ)  # a failure reported, its cause not named: like a non-zero exit
             elif _is_python_exception(occ):
                 exceptions.append(occ)
         elif occ.fields.get("exitcode", 1) != 0:

@@ -131,8 +131,9 @@ def _as_str_list(value: Any) -> list[str] | None:
 class _RuleBuilder:
     """Turns one parsed YAML mapping into a Rule, collecting errors as it goes."""
 
-    def __init__(self, path: str, data: dict[str, Any]):
+    def __init__(self, path: str, data: dict[str, Any], run_examples: bool = True):
         self.path = path
+        self.run_examples = run_examples
         self.data = data
         self.lines: dict[str, int] = data.pop("__lines__", {})
         self.errors: list[RuleError] = []
@@ -219,7 +220,7 @@ class _RuleBuilder:
             examples_no_match=tuple(ex_no or ()),
             path=self.path,
         )
-        if not detector:
+        if not detector and self.run_examples:
             self.check_examples(rule)
         return None if self.errors else rule
 
@@ -456,23 +457,26 @@ def _example_fires(rule: Rule, example: str, rust: dict[str, bool]) -> bool:
     return False
 
 
-_VALIDATED: dict[tuple[str, str], tuple[Rule | None, tuple[RuleError, ...]]] = {}
+_VALIDATED: dict[tuple[str, str, bool], tuple[Rule | None, tuple[RuleError, ...]]] = {}
 
 
-def load_rule_file(path: Path, root: Path | None = None) -> tuple[Rule | None, list[RuleError]]:
-    """One rule file, validated; the result is remembered by content, so a batch validates each rule once."""
+def load_rule_file(
+    path: Path, root: Path | None = None, run_examples: bool = True
+) -> tuple[Rule | None, list[RuleError]]:
+    """One rule file, validated (its examples run through it unless `run_examples` is off); the result is
+    remembered by content, so a batch validates each rule once."""
     shown = str(path.relative_to(root)) if root and path.is_relative_to(root) else str(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         return None, [RuleError(shown, 1, "file", f"cannot read: {exc}")]
-    known = _VALIDATED.get((shown, text))
+    known = _VALIDATED.get((shown, text, run_examples))
     if known is None:
-        known = _VALIDATED[(shown, text)] = _validate(shown, text)
+        known = _VALIDATED[(shown, text, run_examples)] = _validate(shown, text, run_examples)
     return known[0], list(known[1])
 
 
-def _validate(shown: str, text: str) -> tuple[Rule | None, tuple[RuleError, ...]]:
+def _validate(shown: str, text: str, run_examples: bool) -> tuple[Rule | None, tuple[RuleError, ...]]:
     try:
         data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
@@ -481,7 +485,7 @@ def _validate(shown: str, text: str) -> tuple[Rule | None, tuple[RuleError, ...]
         return None, (RuleError(shown, line, "yaml", str(exc).replace("\n", " ")),)
     if not isinstance(data, dict):
         return None, (RuleError(shown, 1, "file", "a rule file must hold one mapping"),)
-    builder = _RuleBuilder(shown, data)
+    builder = _RuleBuilder(shown, data, run_examples)
     rule = builder.build()
     return rule, tuple(builder.errors)
 
@@ -510,13 +514,19 @@ def _declares_detector(path: Path) -> bool:
 
 
 def load_rules(
-    directories: Iterable[Path], collect: bool = False, detectors_only: bool = False
+    directories: Iterable[Path],
+    collect: bool = False,
+    detectors_only: bool = False,
+    tested: Iterable[Path] = (),
 ) -> tuple[list[Rule], list[RuleError]]:
     """Load every catalogue entry; later directories overlay earlier ones by id.
 
     With `collect`, problems are returned; otherwise the first problem raises RuleLoadError. With
-    `detectors_only`, text rules are skipped unread (a run without text logs needs only the detectors').
+    `detectors_only`, text rules are skipped unread (a run without text logs needs only the detectors'). The
+    examples of the directories in `tested` are not run again (the bundled ones: `forensics patterns test`
+    runs them in CI); every other check is made.
     """
+    tested_roots = set(tested)
     by_id: dict[str, Rule] = {}
     errors: list[RuleError] = []
     dirs = list(directories)
@@ -525,7 +535,7 @@ def load_rules(
         for path, base in rule_files([root]):
             if detectors_only and not _declares_detector(path):
                 continue
-            rule, errs = load_rule_file(path, base)
+            rule, errs = load_rule_file(path, base, run_examples=root not in tested_roots)
             errors.extend(errs)
             if errs and not collect:
                 raise RuleLoadError(errs)
