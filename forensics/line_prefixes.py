@@ -20,7 +20,11 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|(?<![\w\]])\[(?:\d{1,3}(?:;\d{1,3})*m
 QUOTE_PREFIX = re.compile(r"^\s{0,3}>+ ?")
 MPI_PREFIX = re.compile(r"^\[\d+,(?P<rank>\d+)\]<(?:stdout|stderr)>:\s?")
 SRUN_PREFIX = re.compile(r"^\s{0,4}(?P<rank>\d{1,5}): (?=\S)")
-HOST_PREFIX = re.compile(r"^(?P<host>(?=[\w.-]*\d)[A-Za-z0-9][\w.-]{1,62}): (?=\S)")
+# A host name holds a digit; a dotted Python class (`vllm.v1.engine.exceptions.EngineDeadError: `) is no host.
+HOST_PREFIX = re.compile(
+    r"^(?P<host>(?=[\w.-]*\d)(?![\w.-]*Error: )(?![\w.-]*Exception: )(?![\w.-]*Warning: )[A-Za-z0-9][\w.-]{1,62})"
+    r": (?=\S)"
+)
 COUNTER_PREFIX = re.compile(r"^\[\d{1,9}\] (?=\S)")
 STREAM_PREFIX = re.compile(r"^(?:stdout|stderr): ")
 RUNTIME_TS_PREFIX = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z (?=\S)")
@@ -61,7 +65,7 @@ def _unanchored(pattern: re.Pattern) -> str:
     return rust_form(pattern.pattern).removeprefix("^")
 
 
-_LOOKAHEAD = re.compile(r"\(\?=(?:[^()\\]|\\.)*\)")
+_LOOKAHEAD = re.compile(r"\(\?[=!](?:[^()\\]|\\.)*\)")
 
 
 def _loose(pattern: re.Pattern) -> str:

@@ -146,3 +146,22 @@ def test_lines_that_only_name_a_rank_are_not_read_and_the_last_error_still_is(tm
     result = analyze([tmp_path / "train.log"])
     assert not [w for w in result.warnings if "distinct matching lines" in w]
     assert result.verdict.root_cause.rule == "cuda-oom"
+
+
+def test_a_monitored_barrier_names_the_rank_it_waited_for(tmp_path):
+    """Gloo's monitored barrier, printed on rank 1, blames rank 0: rank 0 is the finding's rank; a barrier that
+    lists the ranks that did not pass names them."""
+    log = tmp_path / "rank1.log"
+    log.write_text(
+        "[rank1]: RuntimeError: Rank 1 successfully reached monitoredBarrier, but received errors while waiting for "
+        "send/recv from rank 0. Please check rank 0 logs for faulty rank.\n",
+        encoding="utf-8",
+    )
+    root = analyze([log]).verdict.root_cause
+    assert (root.cls, root.rule, root.rank) == ("nccl_timeout", "monitored-barrier-failed", 0)
+    assert "waited in vain for rank 0" in root.explanation
+    log.write_text(
+        "RuntimeError: [Rank 0]: Ranks 1, 2 failed to pass monitoredBarrier in 1800000 ms\n", encoding="utf-8"
+    )
+    root = analyze([log]).verdict.root_cause
+    assert root.rank is None and root.fields["lagging_ranks"] == [1, 2]

@@ -239,3 +239,16 @@ def test_pytest_short_summary_states_the_exception_of_a_failed_test():
     assert parse_exception_line("FAILED tests/test_a.py::test_b - see the log above") is None
     root = _verdict(OPEN / "0578.log")["root_cause"]
     assert (root["class"], root["rule"]) == ("config_error", "config-value-invalid")
+
+
+def test_deepspeeds_launcher_reporting_a_failed_child_is_a_crash_and_a_clean_exit_is_not(tmp_path):
+    log = tmp_path / "launcher.log"
+    log.write_text(
+        "[2024-01-01 00:00:00,000] [ERROR] [launch.py:325:sigkill_handler] ['/usr/bin/python', '-u', 'train.py', "
+        "'--local_rank=3'] exits with return code = 1\n",
+        encoding="utf-8",
+    )
+    root = _verdict(log)["root_cause"]
+    assert root["class"] == "unknown_crash" and "exits with return code = 1" in root["evidence"][0]["text"]
+    log.write_text(log.read_text(encoding="utf-8").replace("code = 1", "code = 0"), encoding="utf-8")
+    assert _verdict(log)["status"] == "healthy"

@@ -38,3 +38,11 @@ def test_the_rank_a_torch_message_was_raised_on_is_read_from_its_words():
     }
     for line, rank in said.items():
         assert attribute(line, FileContext()).rank == rank, line
+
+
+def test_a_dotted_exception_class_with_a_digit_is_not_a_host_prefix():
+    """`node-12: ` is a host's prefix (pdsh, clush); `vllm.v1.engine.exceptions.EngineDeadError: ` is an
+    exception line whose module path holds a digit, and the class must stay in the line's body."""
+    line = "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."
+    assert attribute(line, FileContext()).body == line
+    assert attribute("node-12: RuntimeError: boom", FileContext()).host == "node-12"

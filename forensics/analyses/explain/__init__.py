@@ -16,7 +16,7 @@ from forensics.analyses.explain.cuda_oom import explain_cuda_oom
 from forensics.analyses.explain.gpu import explain_cuda_error, explain_xid
 from forensics.analyses.explain.hang import explain_stall
 from forensics.analyses.explain.host import explain_host_oom, explain_process_killed
-from forensics.analyses.explain.nccl import explain_nccl_error
+from forensics.analyses.explain.nccl import explain_barrier_timeout, explain_nccl_error
 from forensics.analyses.explain.ray import explain_actor_death, explain_node_death, explain_ray_wrapper
 from forensics.analyses.explain.training import explain_instability
 from forensics.model import Finding
@@ -33,6 +33,7 @@ EXPLAINERS: dict[str, tuple[Explainer, ...]] = {
     "cuda_error": (explain_xid, explain_cuda_error),
     "training_instability": (explain_instability,),
     "nccl_error": (explain_nccl_error,),
+    "nccl_timeout": (explain_barrier_timeout,),
     "process_killed": (explain_process_killed,),
     "host_oom": (explain_host_oom,),
     "hang": (explain_stall,),

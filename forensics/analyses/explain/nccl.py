@@ -105,3 +105,22 @@ def explain_transfer_mismatch(finding: Finding) -> None:
             f"{finding.fields['operation']} got tensors of different shapes from the processes: each rank must "
             "pass the same shape (pad variable-length batches to a common length first)."
         )
+
+
+def explain_barrier_timeout(finding: Finding, reading: Reading) -> None:
+    """A monitored barrier names the rank it waited for: that rank, not the one printing, is where to look."""
+    faulty = finding.fields.get("faulty_rank")
+    lagging = sorted({int(r) for r in str(finding.fields.get("lagging_ranks") or "").split(",") if r.strip()})
+    if faulty is not None:
+        finding.rank = int(faulty)
+        finding.explanation = (
+            f"The monitored barrier waited in vain for rank {finding.rank}: the other ranks were ready. Rank "
+            f"{finding.rank}'s own log says why it did not arrive (it hung, crashed or was killed)."
+        )
+    elif lagging:
+        finding.rank = lagging[0] if len(lagging) == 1 else None
+        finding.fields["lagging_ranks"] = lagging
+        finding.explanation = (
+            f"Rank(s) {lagging} did not reach the monitored barrier in time while the others waited: their own "
+            "logs say why (a hang, a crash, a kill)."
+        )
