@@ -226,7 +226,9 @@ def _unknown_crash(events: pl.DataFrame, findings: list[Finding], file_order: di
     serious = _serious(findings)
     if not all("unknown_crash" in f.symptom_of for f in serious):
         return []
-    failures = events.filter(pl.col("kind").is_in(["exception", "torchrun_failure", "torchrun_child_failed"]))
+    failures = events.filter(
+        pl.col("kind").is_in(["exception", "torchrun_failure", "torchrun_child_failed", "child_exit"])
+    )
     exceptions: list[_Occurrence] = []
     cut: list[_Occurrence] = []
     exits: list[_Occurrence] = []

@@ -14,6 +14,7 @@ from forensics.sources import (
     flight_recorder,
     hydra_config,
     kineto,
+    launchers,
     metrics_csv,
     metrics_jsonl,
     mlflow_store,
@@ -35,7 +36,7 @@ from forensics.sources import (
 )
 from forensics.sources.base import FileSource, LineExtractor
 
-MODULES: list[ModuleType] = [verl, traceback, torchrun, torch_distributed, nccl, nvidia_smi, flight_recorder]
+MODULES: list[ModuleType] = [verl, traceback, torchrun, launchers, torch_distributed, nccl, nvidia_smi, flight_recorder]
 MODULES += [hydra_config, collect_env, nvidia_smi_q, dcgm, versions]
 MODULES += [ray_session, ray_events]  # Ray's own logs: session folders and events/*.log
 MODULES += [nsys, kineto]

@@ -1,0 +1,37 @@
+"""Launchers' reports of a task that exited non-zero (Slurm's srun, Open MPI's mpirun, pdsh), as they print them."""
+
+from __future__ import annotations
+
+from forensics.pipeline import analyze
+
+
+def _root(tmp_path, text: str):
+    log = tmp_path / "slurm-524549.out"
+    log.write_text(text, encoding="utf-8")
+    return analyze([log]).verdict
+
+
+def test_srun_names_the_failed_task_which_is_its_rank(tmp_path):
+    verdict = _root(tmp_path, "srun: error: ault44: task 3: Exited with exit code 1\n")
+    root = verdict.root_cause
+    assert (verdict.status, root.cls, root.rank, root.host) == ("failed", "unknown_crash", 3, "ault44")
+
+
+def test_an_exception_above_the_srun_report_is_the_root(tmp_path):
+    """The report is the consequence: the rank's own exception, printed above it, is what failed."""
+    verdict = _root(
+        tmp_path,
+        "RuntimeError: The server socket has failed to listen on any local network address. The server socket has "
+        "failed to bind to [::]:29500 (errno: 98 - Address already in use).\n"
+        "srun: error: ault44: task 3: Exited with exit code 1\n"
+        "srun: error: ault43: task 0: Exited with exit code 1\n",
+    )
+    assert verdict.root_cause.evidence[0].line == 1
+
+
+def test_mpirun_and_pdsh_reports_and_a_clean_exit(tmp_path):
+    mpi = "Primary job  terminated normally, but 1 process returned a non-zero exit code. Per user-direction, the job"
+    assert _root(tmp_path, mpi + " has been aborted.\n").root_cause.cls == "unknown_crash"
+    pdsh = _root(tmp_path, "pdsh@node001: node002: ssh exited with exit code 1\n").root_cause
+    assert pdsh.host == "node002"
+    assert _root(tmp_path, "srun: error: n1: task 0: Exited with exit code 0\n").status == "healthy"
