@@ -19,7 +19,7 @@ from typing import Any
 import polars as pl
 
 from forensics.analyses.collectives import op_mismatches, rank_waits
-from forensics.analyses.coverage import interrupted
+from forensics.analyses.coverage import INTERRUPTS, interrupted
 from forensics.analyses.explain import Reading, explain
 from forensics.analyses.ray_cluster import RayCluster
 from forensics.analyses.story import tell
@@ -240,7 +240,7 @@ def _unknown_crash(events: pl.DataFrame, findings: list[Finding], file_order: di
             if occ.fields.get("truncated"):
                 cut.append(occ)
             elif exc in WRAPPER_EXCEPTIONS and (not cause or cause in WRAPPER_EXCEPTIONS):
-                if exc not in ("KeyboardInterrupt", "SystemExit"):  # stopped by hand or by the program itself
+                if exc not in INTERRUPTS and exc != "SystemExit":  # stopped by hand or by the program itself
                     exits.append(occ)  # a failure reported, its cause not named: like a non-zero exit
             elif _is_python_exception(occ):
                 exceptions.append(occ)

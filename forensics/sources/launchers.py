@@ -1,6 +1,6 @@
-"""Job launchers other than torchrun (Slurm's srun, Open MPI's mpirun, pdsh): their reports of a task that
-exited with a non-zero code. Such a report says a rank failed, not why: it is a crash of unknown cause unless
-a rule explains the task's own failure (a signal has its rules: Killed, Segmentation fault, signal 9).
+"""Job launchers other than torchrun (Slurm's srun, Open MPI's mpirun, pdsh, DeepSpeed's launcher): their reports
+of a task that exited with a non-zero code. Such a report says a rank failed, not why: it is a crash of unknown
+cause unless a rule explains the task's own failure (a signal has its rules: Killed, Segmentation fault, -9).
 """
 
 from __future__ import annotations
@@ -11,36 +11,42 @@ from forensics.sources.base import LineExtractor, LineRecord, Sink
 
 SOURCE = "launcher"
 KIND = "child_exit"
-SRUN_TASK_EXIT = re.compile(
-    r"^srun: error: (?P<host>\S+): tasks? (?P<tasks>[\d,-]+): Exited with exit code (?P<code>\d+)"
-)
-MPI_CHILD_EXIT = re.compile(r"\b(?P<count>\d+) process(?:es)? returned a non-zero exit code\b")
-PDSH_EXIT = re.compile(r"^pdsh@\S+: (?P<host>[\w.-]+): ssh exited with exit code (?P<code>\d+)")
+# Each names the exit code (`code`, 1 where only "non-zero" is said) and, where it says, the host, srun's task
+# number (the job's global rank, SLURM_PROCID) or DeepSpeed's --local_rank.
+REPORTS = [
+    re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<task>[\d,-]+): Exited with exit code (?P<code>\d+)"),
+    re.compile(r"^pdsh@\S+: (?P<host>[\w.-]+): ssh exited with exit code (?P<code>\d+)"),
+    re.compile(r"\b\d+ process(?:es)? returned a non-zero exit code\b"),
+    re.compile(r"sigkill_handler\] \[.*?'--local_rank=(?P<local>\d+)'.*\] exits with return code = (?P<code>-?\d+)"),
+]
 
 
 def _handle(rec: LineRecord, sink: Sink) -> None:
-    body = rec.hit.ctx.body
-    m = SRUN_TASK_EXIT.search(body) or PDSH_EXIT.search(body)
-    code = int(m["code"]) if m else 1
-    if (m is None and not MPI_CHILD_EXIT.search(body)) or code == 0:
+    m = next((m for m in (r.search(rec.hit.ctx.body) for r in REPORTS) if m), None)
+    if m is None:
+        return
+    said = m.groupdict()
+    code = int(said.get("code") or 1)
+    if code == 0:
         return
     rec.kind = KIND
     rec.source = SOURCE
     rec.level = "error"
     rec.fields["exitcode"] = code
-    if m is not None:
-        rec.hit.ctx.host = m["host"]
-        rec.fields["host"] = m["host"]
-        tasks = m.groupdict().get("tasks")
-        if tasks and tasks.isdigit():  # srun's task number is the job's global rank (SLURM_PROCID)
-            rec.hit.ctx.rank = int(tasks)
+    if said.get("host"):
+        rec.hit.ctx.host = rec.fields["host"] = said["host"]
+    if (said.get("task") or "").isdigit():
+        rec.hit.ctx.rank = int(said["task"])
+    if said.get("local"):
+        rec.fields["local_rank"] = int(said["local"])
 
 
 EXTRACTORS = [
     LineExtractor(
         KIND,
         SOURCE,
-        r"Exited with exit code \d+|returned a non-zero exit code|ssh exited with exit code \d+",
+        r"Exited with exit code \d+|returned a non-zero exit code|ssh exited with exit code \d+"
+        r"|exits with return code = -?\d+",
         _handle,
     )
 ]

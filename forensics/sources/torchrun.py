@@ -1,5 +1,4 @@
-"""torchrun / torchelastic: the ChildFailedError summary block and the agent's own lines; DeepSpeed's launcher,
-which reports a child that exited the same way (`sigkill_handler] [...] exits with return code = 1`).
+"""torchrun / torchelastic: the ChildFailedError summary block and the agent's own lines.
 
 The summary's "Root Cause (first observed failure)" is the first process to *exit*, which is often a
 symptom (a rank that timed out waiting for the one that failed). It is read as evidence, never as
@@ -20,9 +19,6 @@ RANK_FIELD = re.compile(r"(?P<rank>\d+)(?:\s*\(local_rank:\s*(?P<local>\d+)\))?"
 SIGNAL = re.compile(r"Signal (?P<num>\d+) \((?P<name>SIG\w+)\)")
 AGENT_FAILED = re.compile(
     r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\) of binary"
-)
-DEEPSPEED_CHILD = re.compile(
-    r"sigkill_handler\] \[.*?'--local_rank=(?P<local>\d+)'.*\] exits with return code = (?P<code>-?\d+)"
 )
 CLOSING = re.compile(r"Sending process (?P<pid>\d+) closing signal (?P<sig>SIG\w+)")
 SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
@@ -118,16 +114,6 @@ def _handle_agent(rec: LineRecord, sink: Sink) -> None:
         if code < 0:
             rec.fields["signal"] = SIGNAL_NAMES.get(-code, f"signal {-code}")
         return
-    m = DEEPSPEED_CHILD.search(body)
-    if m and int(m["code"]) != 0:
-        code = int(m["code"])
-        rec.kind = "torchrun_child_failed"
-        rec.source = SOURCE
-        rec.level = "error"
-        rec.fields.update(exitcode=code, local_rank=int(m["local"]))
-        if code < 0:
-            rec.fields["signal"] = SIGNAL_NAMES.get(-code, f"signal {-code}")
-        return
     m = CLOSING.search(body)
     if m:
         rec.kind = "torchrun_closing_signal"
@@ -143,7 +129,7 @@ EXTRACTORS = [
     LineExtractor(
         "torchrun_agent",
         SOURCE,
-        r"failed \(exitcode: -?\d+\) local_rank|Sending process \d+ closing signal|exits with return code = -?\d+",
+        r"failed \(exitcode: -?\d+\) local_rank|Sending process \d+ closing signal",
         _handle_agent,
     ),
 ]
