@@ -3,6 +3,7 @@ on regexes far from the line (catastrophic or trivially linear), never a duratio
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 from click.testing import CliRunner
@@ -57,7 +58,7 @@ def test_lint_reports_a_slow_user_regex_with_its_file_line_and_rule(tmp_path):
     result = CliRunner().invoke(main, ["patterns", "lint", str(tmp_path / "ours")])
     assert result.exit_code == 2  # invalid rules (README: exit status)
     assert "site/slow-warn.yaml:9: match: regex '(?P<library>[\\\\w.+-]+" in result.output
-    assert "took over 1 s on 'a.so1' repeated" in result.output
+    assert re.search(r"took over [\d.]+ s on 'a\.so1' repeated", result.output)  # the limit grows on a busy machine
     assert "(rule slow-warn)" in result.output
 
 
