@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import polars as pl
 
 from forensics.analyses.dynamics.context import (
     MIN_POINTS,
@@ -67,7 +68,6 @@ ENTROPY_REWARD_WINDOW = 10  # ...and the reward at the end is no better than ove
 ENTROPY_REWARD_GAIN_NOISE = 3.0  # (by more than this many noise units)
 KL_FACTOR = 10.0  # a KL this many times its recent history...
 KL_HISTORY_MIN = 10  # (the median of the 10 steps before, or a tenth of the run)
-HISTORY_MEDIAN_FLOATS = 1 << 19  # the windows of the history's median taken at once (4 MiB of float64)
 KL_FLOOR = {"ppo_kl": 0.05, "kl": 0.5}  # ...and above this floor
 KL_MIN_STEPS = 3
 CLIPFRAC_HIGH = 0.2
@@ -551,15 +551,9 @@ def detect_entropy_collapse(ctx: Context) -> list[Detection]:
 def _history_level(y: np.ndarray, window: int) -> np.ndarray:
     """For each point, the median of the `window` points before it (its recent history); inf before 3 points."""
     level = np.full(len(y), np.inf)
-    for i in range(3, min(window, len(y))):
-        level[i] = np.median(y[:i])
-    if len(y) > window:
-        windows = np.lib.stride_tricks.sliding_window_view(y[:-1], window)
-        # a few rows at a time: np.median copies what it is given, and a run's tenth of 20,000 steps as the
-        # window made that 20,000 x 2,000 floats (320 MB) at once
-        rows = max(1, HISTORY_MEDIAN_FLOATS // window)
-        for start in range(0, len(windows), rows):
-            level[window + start : window + start + rows] = np.median(windows[start : start + rows], axis=1)
+    if len(y) > 1:  # point i's history is the trailing window that ends at point i - 1
+        trailing = pl.Series(y[:-1]).rolling_median(window_size=window, min_samples=3)
+        level[1:] = trailing.fill_null(np.inf).to_numpy()
     return level
 
 
@@ -689,21 +683,22 @@ def _reward_drop(y: np.ndarray) -> tuple[int, float, float, float] | None:
     REWARD_DROP_NOISE noise units and by REWARD_DROP_FRACTION of the range the reward had covered, and
     most of the REWARD_LASTING steps after it too (a policy may later learn to game a broken reward).
     """
-    n = len(y)
+    ahead = REWARD_AFTER
+    starts = np.arange(REWARD_MIN_HISTORY, len(y) - ahead + 1)
+    if not len(starts):
+        return None
     noise = max(noise_scale(y), 1e-12)
     trail = trailing_median(y, 9)
-    ahead = REWARD_AFTER
-    for i in range(REWARD_MIN_HISTORY, n - ahead + 1):
-        best = float(np.max(trail[max(0, i - REWARD_HORIZON) : i]))
-        seen = float(np.max(trail[:i]) - np.min(trail[:i]))
-        after = float(np.median(y[i : i + ahead]))
-        drop = best - after
-        if drop < REWARD_DROP_NOISE * noise or drop < REWARD_DROP_FRACTION * max(seen, abs(best)):
+    best = pl.Series(trail).rolling_max(window_size=REWARD_HORIZON, min_samples=1).to_numpy()[starts - 1]
+    seen = (np.maximum.accumulate(trail) - np.minimum.accumulate(trail))[starts - 1]
+    drop = best - np.median(np.lib.stride_tricks.sliding_window_view(y, ahead), axis=1)[starts]
+    sharp = (drop >= REWARD_DROP_NOISE * noise) & (drop >= REWARD_DROP_FRACTION * np.maximum(seen, np.abs(best)))
+    for k in np.flatnonzero(sharp):
+        i, halfway = int(starts[k]), float(best[k] - drop[k] / 2)
+        if float(np.median(y[i : i + REWARD_LASTING])) > halfway:  # it came back at once: a dip
             continue
-        if float(np.median(y[i : i + REWARD_LASTING])) > best - drop / 2:  # it came back at once: a dip
-            continue
-        onset = i + int(np.flatnonzero(y[i : i + ahead] < best - drop / 2)[0])
-        return onset, best, float(np.median(y[onset:])), noise
+        onset = i + int(np.flatnonzero(y[i : i + ahead] < halfway)[0])
+        return onset, float(best[k]), float(np.median(y[onset:])), noise
     return None
 
 
