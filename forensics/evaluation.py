@@ -5,8 +5,10 @@ and optionally `split`, `secondary_classes`, `faulty_rank`, `source_url`, `proje
 files, each a log excerpt or a run folder. Each case is analysed as a run of its own; its verdict class is the
 root cause's class, `healthy` for a healthy verdict, else the status (`inconclusive`). A label
 `ray_actor_or_node_died` accepts either Ray class. Scores: top-1 accuracy, macro-F1 over the labelled classes,
-per-class precision and recall, the confusion matrix, the faulty-rank accuracy where a rank is labelled, and
-the misses with the evidence line the verdict stood on.
+per-class precision and recall, the confusion matrix, the faulty-rank accuracy where a rank is labelled, how
+often a verdict that names a cause (a class other than unknown_crash) is right, above and below a confidence
+of HIGH_CONFIDENCE, and the misses with the evidence line the verdict stood on. A tool that says "a crash, cause
+unknown" is less wrong than one that names the wrong cause; the last figure counts the second kind.
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ from typing import Any
 import yaml
 
 from forensics.pipeline import Options, analyze
+from forensics.rules.model import TAXONOMY
 
 SCHEMA = "forensics.eval/v1"
 SPLITS = ("open", "sealed", "all")
 ACCEPTED = {"ray_actor_or_node_died": frozenset({"ray_actor_died", "ray_node_died"})}
 REQUIRED_COLUMNS = ("id", "file", "primary_class")
+NAMED_CAUSES = frozenset(TAXONOMY) - {"unknown_crash"}  # a verdict in one of these names what failed
+HIGH_CONFIDENCE = 0.8
 
 
 class CorpusError(ValueError):
@@ -61,6 +66,11 @@ class Outcome:
     evidence: str = ""  # file:line and text of the line the verdict stood on
     error: str = ""  # why the case could not be analysed
     label_evidence: str = "log"  # the case's `evidence` column
+    confidence: float | None = None  # the root cause's
+
+    @property
+    def names_a_cause(self) -> bool:
+        return self.got in NAMED_CAUSES
 
 
 def _rank(text: str) -> int | None:
@@ -130,6 +140,7 @@ def evaluate_case(case: Case, patterns: tuple[Path, ...] = ()) -> Outcome:
         expected_rank=case.faulty_rank,
         evidence=evidence,
         label_evidence=case.evidence,
+        confidence=round(verdict.confidence, 2) if root else None,
     )
 
 
@@ -172,6 +183,14 @@ class Scores:
         some = [o for o in self.outcomes if o.label_evidence == label_evidence]
         return (sum(o.ok for o in some) / len(some) if some else 0.0), len(some)
 
+    def named_cause(self, confident: bool | None = None) -> tuple[int, int]:
+        """(right, named): verdicts that name a cause, and how many of them are right; `confident` keeps those
+        at or above HIGH_CONFIDENCE (True) or below it (False)."""
+        named = [o for o in self.outcomes if o.names_a_cause]
+        if confident is not None:
+            named = [o for o in named if ((o.confidence or 0.0) >= HIGH_CONFIDENCE) == confident]
+        return sum(o.ok for o in named), len(named)
+
     @property
     def misses(self) -> list[Outcome]:
         return [o for o in self.outcomes if not o.ok]
@@ -188,6 +207,11 @@ class Scores:
             "healthy_alarmed": self.healthy_alarmed,
             "top1_by_evidence": {
                 kind: {"top1": round(t, 4), "cases": n} for kind in ("log", "prose") for t, n in [self.top1_where(kind)]
+            },
+            "named_cause": {
+                band: {"right": right, "named": named}
+                for band, confident in (("all", None), ("high_confidence", True), ("low_confidence", False))
+                for right, named in [self.named_cause(confident)]
             },
             "per_class": self.per_class,
             "confusion": self.confusion,

@@ -30,13 +30,13 @@ CASES = {
 }  # fmt: skip
 
 
-def _corpus(tmp_path):
+def _corpus(tmp_path, cases=CASES):
     folder = tmp_path / "incidents"
     (folder / "cases").mkdir(parents=True)
     with (folder / "manifest.csv").open("w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["id", "file", "primary_class", "faulty_rank", "split"])
-        for case_id, (label, rank, lines) in CASES.items():
+        for case_id, (label, rank, lines) in cases.items():
             (folder / "cases" / f"{case_id}.log").write_text("\n".join(lines) + "\n")
             writer.writerow([case_id, f"cases/{case_id}.log", label, rank, "sealed" if case_id == "4" else "open"])
     return folder
@@ -59,6 +59,20 @@ def test_scores_per_class_confusion_and_rank(tmp_path):
     assert scores.macro_f1 == 0.75
     (miss,) = scores.misses
     assert miss.evidence.startswith("3.log:1  ") and "TypeError" in miss.evidence
+
+
+def test_a_wrongly_named_cause_counts_against_the_named_verdicts_and_unknown_does_not(tmp_path):
+    wrong = {**CASES, "5": ("config_error", "", [f"[rank0]: {OOM_LINE}"])}  # an OOM line labelled otherwise
+    scores = evaluate(read_corpus(_corpus(tmp_path, wrong)), jobs=1)
+    assert {o.id for o in scores.outcomes if o.names_a_cause} == {"1", "4", "5"}  # 3: unknown_crash, 2: healthy
+    assert scores.named_cause() == (2, 3)
+    high, low = scores.named_cause(confident=True), scores.named_cause(confident=False)
+    assert (high[0] + low[0], high[1] + low[1]) == (2, 3)
+    oom = next(o for o in scores.outcomes if o.id == "5")
+    assert oom.got == "cuda_oom" and oom.confidence is not None and oom.confidence >= 0.8
+    doc = scores.to_json()
+    assert doc["named_cause"]["all"] == {"right": 2, "named": 3}
+    assert doc["outcomes"][0]["confidence"] == oom.confidence or doc["outcomes"][0]["id"] != "5"
 
 
 def test_cli_json_split_and_floors(tmp_path):

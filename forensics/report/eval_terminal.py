@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from forensics.evaluation import Scores
+from forensics.evaluation import HIGH_CONFIDENCE, Scores
 
 WORST_CELLS = 10
 
@@ -28,6 +28,13 @@ def print_scores(scores: Scores, console: Console, show_misses: bool = True) -> 
         top1, n = scores.top1_where(kind)
         if n:
             console.print(f"  {words}: top-1 {top1:.3f} over {n} cases")
+    right, named = scores.named_cause()
+    if named:
+        sure_right, sure = scores.named_cause(confident=True)
+        console.print(
+            f"  a cause named on {named} cases, right on {right} ({right / named:.3f}); "
+            f"at confidence >= {HIGH_CONFIDENCE:g}: {sure_right}/{sure}, below: {right - sure_right}/{named - sure}"
+        )
     table = Table(title="per class", title_justify="left", show_edge=False)
     for column in ("class", "n", "precision", "recall", "F1"):
         table.add_column(column, justify="left" if column == "class" else "right")
