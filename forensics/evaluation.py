@@ -111,19 +111,20 @@ def judge(expected: str, got: str) -> bool:
     return got in ACCEPTED.get(expected, {expected})
 
 
+def _failed(case: Case, error: str) -> Outcome:
+    return Outcome(
+        case.id, case.expected, "error", False, expected_rank=case.faulty_rank, error=error,
+        label_evidence=case.evidence,
+    )  # fmt: skip
+
+
 def evaluate_case(case: Case, patterns: tuple[Path, ...] = ()) -> Outcome:
     try:
         verdict = analyze([case.path], Options(patterns=list(patterns), jobs=1)).verdict
     except (OSError, ValueError) as exc:
-        return Outcome(
-            case.id,
-            case.expected,
-            "error",
-            False,
-            expected_rank=case.faulty_rank,
-            error=str(exc),
-            label_evidence=case.evidence,
-        )
+        return _failed(case, str(exc))
+    except Exception as exc:  # a bug of ours: the case is scored as missed and named, the others still run
+        return _failed(case, f"internal error: {type(exc).__name__}: {exc}")
     root = verdict.root_cause
     got = "healthy" if verdict.status == "healthy" else root.cls if root else verdict.status
     evidence = ""

@@ -24,6 +24,7 @@ CASES = [
     ("0397", "nccl_timeout", "nccl-watchdog-timeout", 7, 1, ""),  # hard-wrapped at 75 columns
     ("0355", "nccl_timeout", "nccl-watchdog-timeout", 21, 5, ""),  # cut in the middle of the word
     ("0534", "nccl_timeout", "nccl-watchdog-timeout", 1, ..., ""),  # the flight-recorder dump signal
+    ("0701", "nccl_timeout", "nccl-watchdog-timeout", 1, 2, ""),  # a rule's last-enqueued text beside a reader's number
     ("0207", "nccl_timeout", "watchdog-hang", 1, ..., ""),  # the heartbeat monitor
     ("0349", "nccl_timeout", "rendezvous-timeout", 5, ..., ""),  # the store carrying the NCCL unique id
     ("0094", "nccl_error", "nccl-warn-failure", 4, ..., "no network interface"),
@@ -31,6 +32,7 @@ CASES = [
     ("0243", "nccl_error", "comm-transport-error", 1, ..., ""),  # RDMA retry counter exceeded
     ("0206", "nccl_error", "c10d-connection-error", 6, ..., ""),  # raised from init_process_group
     ("0446", "nccl_error", "dist-backend-error", 14, ..., ""),  # RayTaskError(DistBackendError), message cut
+    ("0698", "collective_mismatch", "collective-op-mismatch", 4, 0, "_ALLGATHER_BASE of 75264 elements on rank(s) [0]"),
     ("0259", "collective_mismatch", "collective-mismatch", 1, ..., "posted 496640 bytes"),
     ("0639", "collective_mismatch", "collective-mismatch", 1, ..., "(peer 192.168.161.30) 1048576"),
     ("0148", "hang", "stuck-process-stack-dump", 3, ..., "wait (threading.py:355)"),

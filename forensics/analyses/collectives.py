@@ -4,7 +4,8 @@
   watchdog fired at the same moment.
 - "last enqueued / last completed NCCL work" per rank: a rank whose enqueued sequence lags never reached
   the collective that the others wait in.
-- One SeqNum with different OpTypes on ranks of one process group: the ranks called different collectives.
+- One SeqNum with different OpTypes on ranks of one process group, or one OpType with different input sizes
+  where every rank must give the same: the ranks called different collectives.
 - Ranks of the group that logged but never timed out while the others did are the candidates for the rank
   that hung or died; when nothing tells them apart, the explanation says so and lists them.
 """
@@ -22,6 +23,9 @@ import polars as pl
 from forensics.model import Evidence
 
 PG_TAG = re.compile(r"\[PG (?:ID )?(?P<pg>\d+)")
+# each rank gives these the same number of input elements (all_to_all, send/recv and the list forms of
+# all_gather may take uneven ones)
+SAME_INPUT_OPS = frozenset({"ALLREDUCE", "BROADCAST", "REDUCE", "_ALLGATHER_BASE", "_REDUCE_SCATTER_BASE"})
 
 
 @dataclass
@@ -30,7 +34,7 @@ class RankWait:
 
     rank: int
     host: str | None = None
-    seqs: dict[int, str] = field(default_factory=dict)  # SeqNum -> OpType of the timed-out works
+    seqs: dict[int, str] = field(default_factory=dict)  # SeqNum -> the timed-out work (`collective_called`)
     pgs: dict[int, str] = field(default_factory=dict)  # SeqNum -> process group id, where a line shows it
     last_enqueued: int | None = None
     last_completed: int | None = None
@@ -50,6 +54,15 @@ class RankVerdict:
     first_collective_never_completed: bool = False
 
 
+def collective_called(fields: dict) -> str:
+    """What a timed-out work says its rank called: the OpType, and for a collective whose input every rank must
+    give the same number of elements (SAME_INPUT_OPS), that number too; two ranks of one group that differ in it
+    at one SeqNum called different collectives even under the same name."""
+    op = str(fields.get("op"))
+    numel = fields.get("numel_in")
+    return f"{op} of {numel} elements" if op in SAME_INPUT_OPS and numel is not None else op
+
+
 def rank_waits(events: pl.DataFrame) -> dict[int, RankWait]:
     """Per rank: the timed-out collectives, the enqueued/completed numbers and the earliest stall start."""
     rows = events.filter(
@@ -66,7 +79,7 @@ def rank_waits(events: pl.DataFrame) -> dict[int, RankWait]:
             w.pgs.setdefault(int(fields["seq"]), pg["pg"])
         if row["kind"] == "watchdog_timeout":
             if fields.get("seq") is not None:  # Gloo's timeouts name no collective
-                w.seqs.setdefault(int(fields["seq"]), str(fields.get("op")))
+                w.seqs.setdefault(int(fields["seq"]), collective_called(fields))
             w.evidence.append(Evidence(row["file"], row["line"], row["message"]))
             if row["ts"] is not None and fields.get("ran_ms") is not None:
                 start = row["ts"] - timedelta(milliseconds=int(fields["ran_ms"]))
@@ -74,16 +87,16 @@ def rank_waits(events: pl.DataFrame) -> dict[int, RankWait]:
             if row["ts"] is not None and (w.first_timeout is None or row["ts"] < w.first_timeout):
                 w.first_timeout, w.first_seq = row["ts"], fields.get("seq")
                 w.timeout_ms = fields.get("timeout_ms")
-        if fields.get("last_enqueued") is not None:
-            w.last_enqueued = max(w.last_enqueued if w.last_enqueued is not None else -1, fields["last_enqueued"])
+        if fields.get("last_enqueued") is not None:  # a rule's field is text, a reader's a number
+            w.last_enqueued = max(-1 if w.last_enqueued is None else w.last_enqueued, int(fields["last_enqueued"]))
             w.last_completed = max(
-                w.last_completed if w.last_completed is not None else -1, fields.get("last_completed", -1)
+                -1 if w.last_completed is None else w.last_completed, int(fields.get("last_completed", -1))
             )
     return waits
 
 
 def op_mismatches(waits: dict[int, RankWait]) -> list[tuple[int, dict[str, list[int]]]]:
-    """(SeqNum, {OpType: ranks}) where ranks of one process group wait in different collectives.
+    """(SeqNum, {collective: ranks}) where ranks of one process group wait in different collectives.
 
     A rank whose process group is not shown is compared with every group (old logs print no PG).
     """
