@@ -20,7 +20,7 @@ from forensics.evaluation import SPLITS, CorpusError, below_floors, evaluate, re
 from forensics.metric_semantics import MetricFileError, load_vocabulary
 from forensics.model import SEVERITIES, Analysis, severity_rank
 from forensics.package_data import patterns_dir
-from forensics.pipeline import Options, analyze
+from forensics.pipeline import Options, analyze, peak_rss_mib
 from forensics.report.batch_terminal import print_batch_summary
 from forensics.report.diff_html import render_diff_html
 from forensics.report.diff_terminal import print_diff_summary
@@ -253,8 +253,9 @@ def analyze_cmd(
         timings = {k: v for k, v in result.timings.items() if k != "total"}
         timings["report"] = time.perf_counter() - t_report
         timings["total"] = result.timings.get("total", 0.0) + timings["report"]
+        peaks = {**result.peak_rss_mib, "report": peak_rss_mib(), "total": peak_rss_mib()}
         for stage, seconds in timings.items():
-            console.print(f"[dim]{stage:>10}: {seconds:8.3f} s[/]")
+            console.print(f"[dim]{stage:>10}: {seconds:8.3f} s   peak RSS {peaks.get(stage, 0.0):7.0f} MiB[/]")
     findings = [severity_rank(f.severity) for f in result.findings]
     sys.exit(_exit_for(result, fail_on, SEVERITIES, lambda level: any(r >= severity_rank(level) for r in findings)))
 

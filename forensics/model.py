@@ -226,6 +226,7 @@ class Analysis:
     environment: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    peak_rss_mib: dict[str, float] = field(default_factory=dict)  # the process's peak memory once each stage ended
     extras: dict[str, list[Any]] = field(default_factory=dict)  # per-kind structured results of file readers
     ray: dict[str, Any] = field(default_factory=dict)  # Ray nodes and actors, who died why (analyses/ray_cluster.py)
     traces: dict[str, Any] = field(default_factory=dict)  # GPU trace summaries (analyses/traces.py)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import resource
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -108,16 +110,24 @@ def _read_all(files: list[RunFile], scanner: TextScanner | None, jobs: int) -> _
     return read
 
 
+def peak_rss_mib() -> float:
+    """The process's peak resident memory so far, in MiB (getrusage: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024 if sys.platform == "darwin" else 1024)
+
+
 class _Clock:
-    """Seconds per stage, for `--profile`."""
+    """Seconds per stage, and the peak memory once each ended, for `--profile`."""
 
     def __init__(self) -> None:
         self.timings: dict[str, float] = {}
+        self.peaks: dict[str, float] = {}
         self.start = self.last = time.perf_counter()
 
     def lap(self, stage: str) -> None:
         now = time.perf_counter()
         self.timings[stage] = self.timings.get(stage, 0.0) + now - self.last
+        self.peaks[stage] = peak_rss_mib()
         self.last = now
 
     def total(self) -> dict[str, float]:
@@ -186,6 +196,7 @@ def _analyse(run: Run, paths: list[Path], options: Options, clock: _Clock) -> An
         environment=environment,
         warnings=[*run.warnings, *read.warnings, *fr_warnings, *detector_warnings, *traces.warnings],
         timings=clock.total(),
+        peak_rss_mib=clock.peaks,
         extras=read.extras,
         ray=ray_summary(cluster),
         traces=traces.summary,
