@@ -35,3 +35,27 @@ def test_mpirun_and_pdsh_reports_and_a_clean_exit(tmp_path):
     pdsh = _root(tmp_path, "pdsh@node001: node002: ssh exited with exit code 1\n").root_cause
     assert pdsh.host == "node002"
     assert _root(tmp_path, "srun: error: n1: task 0: Exited with exit code 0\n").status == "healthy"
+
+
+TORCHRUN_FAILED = (
+    "E0325 20:57:27.620000 2606 site-packages/torch/distributed/elastic/multiprocessing/api.py:869] failed "
+    "(exitcode: -9) local_rank: 5 (pid: 2630) of binary: /root/miniconda3/bin/python\n"
+)
+
+
+def test_a_local_rank_is_the_rank_when_the_logs_show_one_node(tmp_path):
+    """torchrun's agent names the child's local rank; with no second host in the logs it is the global rank."""
+    root = _root(tmp_path, TORCHRUN_FAILED).root_cause
+    assert (root.cls, root.rank) == ("process_killed", 5)
+    assert root.fields.get("rank_from_local") is True
+    assert "Rank 5 is the local rank the launcher named" in root.explanation
+
+
+def test_a_local_rank_stays_local_when_the_logs_show_two_hosts(tmp_path):
+    two_nodes = (
+        "node-a:2611:2611 [5] NCCL INFO comm 0x55d1 rank 5 nranks 16 cudaDev 5 busId 9c000 - Init COMPLETE\n"
+        "node-b:3170:3170 [5] NCCL INFO comm 0x61a2 rank 13 nranks 16 cudaDev 5 busId 9c000 - Init COMPLETE\n"
+        + TORCHRUN_FAILED
+    )
+    root = _root(tmp_path, two_nodes).root_cause
+    assert root.cls == "process_killed" and root.rank is None

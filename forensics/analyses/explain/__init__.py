@@ -3,7 +3,8 @@
 A rule gives a class; the numbers and names in its lines give the story. Each room turns the fields the
 rules and readers extracted (and, where a line holds many values, the lines themselves) into the finding's
 `explanation`, adds a few `fields`, and reorders the remediation so that the step that fits the case comes
-first. `EXPLAINERS` says which rooms read which class.
+first. `EXPLAINERS` says which rooms read which class; what every finding may need said (a rank that is a
+launcher's local rank, taken as global on one node) is said after them.
 """
 
 from __future__ import annotations
@@ -44,6 +45,15 @@ def explain(finding: Finding, reading: Reading) -> None:
     """Fill the finding's explanation (and fields, remediation order) from what its evidence says."""
     for room in EXPLAINERS.get(finding.cls, ()):
         room(finding, reading)
+    _rank_from_local(finding)
+
+
+def _rank_from_local(finding: Finding) -> None:
+    if finding.fields.get("rank_from_local") and finding.rank is not None:
+        finding.explanation += (
+            f" Rank {finding.rank} is the local rank the launcher named; the logs show one node, so it is taken as"
+            " the global rank."
+        )
 
 
 __all__ = ["EXPLAINERS", "Reading", "explain"]
