@@ -34,6 +34,7 @@ CASES = [
     ("0446", "nccl_error", "dist-backend-error", 14, ..., ""),  # RayTaskError(DistBackendError), message cut
     ("0698", "collective_mismatch", "collective-op-mismatch", 4, 0, "_ALLGATHER_BASE of 75264 elements on rank(s) [0]"),
     ("0259", "collective_mismatch", "collective-mismatch", 1, ..., "posted 496640 bytes"),
+    ("0615", "collective_mismatch", "collective-mismatch", 4, 7, "names rank(s) [7]"),  # desync report's next line
     ("0639", "collective_mismatch", "collective-mismatch", 1, ..., "(peer 192.168.161.30) 1048576"),
     ("0148", "hang", "stuck-process-stack-dump", 3, ..., "wait (threading.py:355)"),
     ("0253", "hang", "stuck-process-stack-dump", 2, ..., ""),  # gdb -p, quoted in a reply

@@ -41,6 +41,12 @@ FINGERPRINT = re.compile(
 LAGGING = re.compile(r"\[(?P<ranks>[\d, ]+)\] (?:are the lagging ranks|joined but didn't finish)")
 
 
+def _ranks(listed: object) -> list[int]:
+    """The ranks of a field that lists them (`7`, `3, 5`, or a list already read), in order."""
+    parts = listed if isinstance(listed, list) else str(listed or "").split(",")
+    return sorted({int(r) for r in parts if str(r).strip().isdigit()})
+
+
 def explain_collective_mismatch(finding: Finding, texts: list[str]) -> bool:
     """Who ran what: each rank's own fingerprint (the first one in its report; the peer's as it saw it can be
     garbled), or the lagging ranks of a desync report. `texts` are the lines of every rank's report. True when
@@ -68,6 +74,7 @@ def explain_collective_mismatch(finding: Finding, texts: list[str]) -> bool:
             finding.explanation += ". The report cannot tell which side deviated; look at both call sites."
         return True
     lagging = sorted({int(r) for text in texts for m in LAGGING.finditer(text) for r in m["ranks"].split(",")})
+    lagging = lagging or _ranks(finding.fields.get("lagging_ranks"))  # read off the report's next lines
     if lagging:
         finding.rank = lagging[0] if len(lagging) == 1 else None
         finding.fields["lagging_ranks"] = lagging
@@ -110,7 +117,7 @@ def explain_transfer_mismatch(finding: Finding) -> None:
 def explain_barrier_timeout(finding: Finding, reading: Reading) -> None:
     """A monitored barrier names the rank it waited for: that rank, not the one printing, is where to look."""
     faulty = finding.fields.get("faulty_rank")
-    lagging = sorted({int(r) for r in str(finding.fields.get("lagging_ranks") or "").split(",") if r.strip()})
+    lagging = _ranks(finding.fields.get("lagging_ranks"))
     if faulty is not None:
         finding.rank = int(faulty)
         finding.explanation = (
