@@ -169,6 +169,8 @@ def cut_traceback(lines: list[str], strip: Callable[[str], str] = _unchanged) ->
     end = len(bodies)
     while end and not bodies[end - 1].strip():
         end -= 1
+    if end >= 2 and _cut_inside_prefix(lines[end - 1], lines[end - 2]):
+        end -= 1  # `(Trainer pid`: the last line stops inside the prefix the line above it starts with
     if end and parse_exception_line(bodies[end - 1]) is not None:
         return None
     if end and CUT_NAME.match(bodies[end - 1]):
@@ -184,6 +186,12 @@ def cut_traceback(lines: list[str], strip: Callable[[str], str] = _unchanged) ->
     if last_frame is None:
         return None
     return last_frame, RaisedException("", frames=frames_above(bodies[: last_frame + 1]))
+
+
+def _cut_inside_prefix(line: str, above: str) -> bool:
+    """Whether `line` is only the start of the line above it (a paste cut inside a Ray or torchrun prefix)."""
+    line = line.rstrip()
+    return bool(line) and len(line) < len(above) and above.startswith(line) and 'File "' not in line
 
 
 def _logger_header(bodies: list[str]) -> re.Pattern[str] | None:

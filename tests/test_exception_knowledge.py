@@ -114,6 +114,15 @@ def test_a_traceback_printed_by_a_logger_is_read_as_cut_below_its_headers(case_i
     assert (verdict["status"], verdict["root_cause"]["class"]) == ("failed", "unknown_crash")
 
 
+def test_a_paste_cut_inside_the_ray_prefix_of_its_next_line_is_read_as_cut():
+    """verl's Trainer actor importing flash_attn; the paste stops at `(Trainer pid`, the start of the next line."""
+    assert _case("0320").rstrip().endswith("(Trainer pid")
+    verdict = _verdict(OPEN / "0320.log")
+    root = verdict["root_cause"]
+    assert (verdict["status"], root["class"], root["rule"]) == ("failed", "env_version_mismatch", "import-cut-short")
+    assert "flash_attn_interface.py" in root["evidence"][0]["text"]
+
+
 def test_a_cut_traceback_below_a_named_exception_does_not_replace_it():
     """Ray's `Unhandled error` printout, cut inside a frame, below the ConfigKeyError it reports."""
     assert cut_traceback(_case("0469").split("\n")) is not None
