@@ -39,6 +39,11 @@ CASES = [
     ("0148", "hang", "stuck-process-stack-dump", 3, ..., "wait (threading.py:355)"),
     ("0253", "hang", "stuck-process-stack-dump", 2, ..., ""),  # gdb -p, quoted in a reply
     ("0097", "hang", "progress-stalled", 2, ..., "waiting 60 s"),
+    ("0840", "hang", "progress-stalled", 5, ..., ""),  # SGLang's newer "Watchdog timeout (self.watchdog_timeout=300)"
+    ("0857", "hang", "stuck-process-stack-dump", 1, ..., ""),  # a faulthandler frame inside all_reduce
+    ("0859", "hang", "stuck-process-stack-dump", 1, ..., ""),  # cuda-gdb's `info cuda kernels` on a stuck rank
+    ("0845", "gpu_hardware", "gpu-firmware-error", 3, ..., ""),  # NVRM: the GSP's heartbeat timed out
+    ("0836", "gpu_hardware", "nvlink-error", 4, ..., ""),  # a socket's ENOTCONN above it is not storage
     ("0624", "straggler", "rank-timing-spread", 1, None, "rank 3 arrived last"),
 ]
 FIXTURE_RUNS = Path(__file__).resolve().parent / "fixtures" / "runs"
