@@ -207,7 +207,7 @@ def main() -> None:
 )
 @rule_and_redaction_options
 @click.option("--jobs", type=int, default=0, show_default="one per CPU", help="Files read in parallel.")
-@click.option("--profile", is_flag=True, help="Print the time spent in each stage.")
+@click.option("--profile", is_flag=True, help="Print the time spent in each stage and the peak memory after it.")
 @click.option("-q", "--quiet", is_flag=True, help="No terminal summary.")
 def analyze_cmd(
     paths: tuple[Path, ...],
