@@ -15,7 +15,8 @@ is timed, in both engines, on lines of LINE_CHARS (what Python reads of a line a
 A regex is slow when a line takes it more than SLOW_S, or when its time grows more than GROWTH_MAX times
 from a quarter of the line to the whole (linear: 4x, quadratic: 16x). And since Rust compiles a regex anew
 in each batch it is tried on, one that takes over RUST_COMPILE_S to compile is reported too. The limits are
-scaled by baselines timed beside each regex, so that a busy machine does not fail what an idle one passes.
+scaled by baselines (Python's timed once, and again before a regex is called slow; Rust's compile beside each
+regex), so that a busy machine does not fail what an idle one passes.
 """
 
 from __future__ import annotations
@@ -77,19 +78,25 @@ class HostileLine:
 def slow_regexes(rules: list[Rule], roots: list[Path] | None = None) -> list[RuleError]:
     """One error for each regex of the rules that is slow on a hostile line (see the module docstring)."""
     errors = []
+    slowness = _python_slowness()
     for rule in rules:
         for key, pattern in _regexes(rule):
-            verdict = judge(pattern, hostile_lines(pattern, rule.examples_match))
+            lines = hostile_lines(pattern, rule.examples_match)
+            verdict = judge(pattern, lines, slowness)
+            if verdict:  # judged again against the machine as it is now: a load that came since is not the regex
+                slowness = _python_slowness()
+                verdict = judge(pattern, lines, slowness)
             if verdict:
                 errors.append(RuleError(rule.path, _line_of(rule, pattern, roots or []), key, verdict, rule.id))
     return errors
 
 
-def judge(pattern: str, lines: list[HostileLine]) -> str | None:
-    """Why `pattern` is slow on one of `lines`, or None. The limits grow with how slow the machine is right
-    now (a baseline measured beside each regex), so a loaded machine does not fail a regex an idle one passes."""
+def judge(pattern: str, lines: list[HostileLine], slowness: float | None = None) -> str | None:
+    """Why `pattern` is slow on one of `lines`, or None. The limits grow with `slowness`, how slow the machine
+    is now against an idle one (measured here when not given), so a loaded machine does not fail a regex an
+    idle one passes."""
     compiled = regex.compile(pattern)
-    slowness = _python_slowness()
+    slowness = _python_slowness() if slowness is None else slowness
     slow_s, timeout_s = SLOW_S * slowness, TIMEOUT_S * slowness
     for line in lines:
         seconds = _python_seconds(compiled, line.text, timeout_s)
