@@ -108,3 +108,12 @@ def test_a_rankless_root_takes_the_rank_its_class_names_elsewhere():
     ranked = _finding("cuda-oom", 6, rank=3)
     verdict = _verdict(summary, ranked)
     assert verdict.root_cause is summary and verdict.root_cause.rank == 3
+
+
+def test_a_consequence_standing_alone_is_named_with_less_confidence_than_a_cause():
+    """A dead Ray worker or a watchdog timeout is what many failures end in: alone, the root is a stand-in."""
+    alone = _verdict(_finding("ray-worker-died", 10, rank=2))
+    assert alone.root_cause.rule == "ray-worker-died" and alone.confidence <= 0.6
+    timeout = _verdict(_finding("nccl-watchdog-timeout", 10, rank=2))
+    assert timeout.confidence <= 0.6
+    assert _verdict(_finding("cuda-oom", 10, rank=2)).confidence == 0.9

@@ -30,6 +30,10 @@ from forensics.rules.model import USER_REGEX_TIMEOUT_S, Rule
 MAX_EVIDENCE = 5
 READINGS_PER_LINE = 1 << 12  # room in the sequence number to order several rules' readings of one line
 CUT_TRACEBACK_CONFIDENCE = 0.6  # a class read off the frames of a traceback cut before its exception line
+# A root whose rule lists this many other classes as possible causes (a killed process, a dead actor, a watchdog
+# timeout, a stall) is usually a consequence standing in for a cause the logs do not hold: at most this confident.
+STAND_IN_CAUSES = 10
+STAND_IN_CONFIDENCE = 0.6
 WRAPPER_EXCEPTIONS = {
     "RayTaskError",
     "ActorDiedError",
@@ -353,6 +357,8 @@ def diagnose(
         confidence = _statistical_confidence(root, findings)
     if root.fields.get("truncated") and root.cls != "unknown_crash":
         confidence = min(confidence, CUT_TRACEBACK_CONFIDENCE)
+    if len(set(root.symptom_of) - {root.cls}) >= STAND_IN_CAUSES:
+        confidence = min(confidence, STAND_IN_CONFIDENCE)
     if root.rank is None and any(f.rank is not None for f in findings):
         confidence -= 0.1
     where = f" on rank {root.rank}" if root.rank is not None else ""
