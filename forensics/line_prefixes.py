@@ -243,7 +243,7 @@ def attribute(line: str, fctx: FileContext) -> LineContext:
     if m:
         ctx.host = m["host"]
         ctx.pid = int(m["pid"])
-    if ctx.rank is None:
+    if ctx.rank is None and ("ank" in text or "communicator" in text):  # what every alternative holds
         m = RANK_IN_MESSAGE.search(text)
         if m:
             ctx.rank = int(next(group for group in m.groups() if group))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from forensics.line_prefixes import FileContext, attribute
+from forensics.line_prefixes import RANK_IN_MESSAGE, FileContext, attribute
 from forensics.pipeline import analyze
 from tests.conftest import REPO
 
@@ -38,6 +38,21 @@ def test_the_rank_a_torch_message_was_raised_on_is_read_from_its_words():
     }
     for line, rank in said.items():
         assert attribute(line, FileContext()).rank == rank, line
+
+
+def test_every_way_of_naming_a_rank_holds_what_attribute_checks_for_before_searching():
+    """attribute() searches RANK_IN_MESSAGE only in lines holding "ank" or "communicator"; a new alternative
+    must hold one of them too, or its lines would never be searched."""
+    alternatives, depth, start = [], 0, 0
+    pattern = RANK_IN_MESSAGE.pattern
+    for i, char in enumerate(pattern):
+        depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(char, 0) if pattern[i - 1 : i] != "\\" else 0
+        if char == "|" and depth == 0:
+            alternatives.append(pattern[start:i])
+            start = i + 1
+    alternatives.append(pattern[start:])
+    assert len(alternatives) >= 6
+    assert all("ank" in alt or "communicator" in alt for alt in alternatives), alternatives
 
 
 def test_a_dotted_exception_class_with_a_digit_is_not_a_host_prefix():
