@@ -28,8 +28,8 @@ SERIES_SCHEMA: dict[str, pl.DataType] = {
     "ts": pl.Datetime("us", "UTC"),
     "step": pl.Int64(),
     "rank": pl.Int64(),
-    "source": pl.String(),
-    "metric": pl.String(),
+    "source": pl.Categorical(),
+    "metric": pl.Categorical(),
     "value": pl.Float64(),
 }
 

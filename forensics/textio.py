@@ -27,7 +27,7 @@ import polars as pl
 if TYPE_CHECKING:
     import pyarrow as pa
 
-CHUNK_BYTES = 16 * 1024 * 1024
+CHUNK_BYTES = 4 * 1024 * 1024
 NEWLINE = 10
 CONTEXT_LINES = 64  # lines kept on both sides of a batch so multi-line records can be read whole
 MAX_DECOMPRESSED_BYTES = 8 * 1024**3  # a compressed file stops here, with a warning (a plain file is read whole)

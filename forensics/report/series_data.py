@@ -22,11 +22,10 @@ MAX_TRACES_PER_METRIC = 16  # ranks or GPUs; the rest are listed as left out
 MAX_METRICS = 2000  # buttons in the picker; more are named in a line
 
 
-def _grouped(series: pl.DataFrame) -> pl.DataFrame:
-    """One row per (metric, source, rank): the x and y lists, by step where the metric has steps, else in time.
+def _points(series: pl.DataFrame) -> pl.DataFrame:
+    """(metric, source, rank, x, value, by_step): by step where the metric has steps, else in time.
 
-    Rows with no rank are dropped for a metric that some rank logged (see `figures.known_ranks_only`). A few
-    passes over the table, however many metrics it holds.
+    Rows with no rank are dropped for a metric that some rank logged (see `figures.known_ranks_only`).
     """
     by_step = series.filter(pl.col("step").is_not_null()).get_column("metric").unique()
     ranked = series.filter(pl.col("rank").is_not_null()).get_column("metric").unique()
@@ -37,12 +36,30 @@ def _grouped(series: pl.DataFrame) -> pl.DataFrame:
     timed = kept.filter(pl.col("ts").is_not_null() & ~pl.col("metric").is_in(by_step.implode())).select(
         "metric", "source", "rank", pl.col("ts").dt.epoch("ms").alias("x"), "value", pl.lit(False).alias("by_step")
     )
-    points = pl.concat([stepped, timed])
-    # one trace per (metric, source, rank), its points in x order; the copies of one x averaged. Where every x
-    # of a trace is its only one (each step logged once, as one_sample_per_step leaves them), the averaging
-    # group_by is left out: over 3M samples its hash table of four keys took ~600 MB. A mean of one value is the
-    # value, but for -0.0 (a sum from 0.0 drops its sign): + 0.0 does the same.
-    once = points.group_by("metric", "source", "rank").agg(
+    return pl.concat([stepped, timed])
+
+
+def _by_metric(points: pl.DataFrame) -> list[tuple[str, np.ndarray]]:
+    """(metric, the indexes of its rows) for each metric in name order, from one sort of the metric codes.
+
+    A metric's rows are then taken on their own, one metric at a time: grouping all of them at once kept every
+    sample twice (3M samples took ~95 MB more at the peak).
+    """
+    metric = points.get_column("metric")
+    codes = metric.cast(pl.Categorical).to_physical().to_numpy()
+    order = np.argsort(codes, kind="stable")
+    present = np.unique(codes)
+    ends = np.searchsorted(codes[order], present, side="right")
+    starts = np.concatenate(([0], ends[:-1]))
+    labels = metric.gather(order[starts]).cast(pl.String).to_list()
+    parts = sorted(zip(labels, starts.tolist(), ends.tolist(), strict=True))
+    return [(name, order[a:b]) for name, a, b in parts]
+
+
+def _traces(part: pl.DataFrame) -> pl.DataFrame:
+    """One metric's rows as one row per (source, rank): the x and y lists in x order, the copies of one x
+    averaged (a mean of one value is the value, but for -0.0: + 0.0 drops its sign, as a mean does)."""
+    once = part.group_by("source", "rank").agg(
         pl.col("x").sort(),
         (pl.col("value") + 0.0).sort_by("x"),
         pl.col("by_step").first(),
@@ -51,14 +68,13 @@ def _grouped(series: pl.DataFrame) -> pl.DataFrame:
     if once["_once"].all():
         grouped = once.drop("_once")
     else:
-        del once
         grouped = (
-            points.group_by("metric", "source", "rank", "x")
+            part.group_by("source", "rank", "x")
             .agg(pl.col("value").mean(), pl.col("by_step").first())
-            .group_by("metric", "source", "rank")
+            .group_by("source", "rank")
             .agg(pl.col("x").sort(), pl.col("value").sort_by("x"), pl.col("by_step").first())
         )
-    return grouped.sort("metric", "rank", "source", nulls_last=True)
+    return grouped.sort("rank", "source", nulls_last=True)
 
 
 def _trace_name(rank: int | None, source: str, by_step: bool, several_sources: bool) -> str:
@@ -66,56 +82,56 @@ def _trace_name(rank: int | None, source: str, by_step: bool, several_sources: b
     return f"{who} · {source}" if several_sources else who
 
 
-def _raw_metrics(series: pl.DataFrame) -> list[dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    grouped = _grouped(series)
-    sources = dict(grouped.group_by("metric").agg(pl.col("source").n_unique()).iter_rows())
-    points = _points(grouped)
-    grouped = grouped.drop("x", "value")
-    for row, (xs, ys) in zip(grouped.iter_rows(named=True), points, strict=True):
-        row["x"], row["value"] = xs, ys
-        m = out.setdefault(
-            row["metric"],
-            {"name": row["metric"], "x": "step" if row["by_step"] else "time", "traces": [], "left_out": 0},
-        )
-        if len(m["traces"]) >= MAX_TRACES_PER_METRIC:
-            m["left_out"] += 1
-            continue
-        name = _trace_name(row["rank"], row["source"], row["by_step"], sources[row["metric"]] > 1)
-        m["traces"].append({"name": name, "x": row["x"], "y": row["value"]})
-    return list(out.values())
+def _shown_sizes(part: pl.DataFrame) -> list[int]:
+    """How many points each trace of one metric has (distinct x), for the traces the picker shows."""
+    sizes = part.group_by("source", "rank").agg(pl.col("x").n_unique()).sort("rank", "source", nulls_last=True)
+    return sizes.get_column("x").head(MAX_TRACES_PER_METRIC).to_list()
 
 
-def _points(grouped: pl.DataFrame) -> list[tuple[Any, Any]]:
-    """Each row's x and y: numpy views into one flat array each (3M samples as Python objects took ~250 MB),
-    or lists when a value is missing (thinning keeps a NaN, never a missing value: they must stay apart)."""
-    values = grouped["value"].explode()
-    if values.null_count() or grouped["x"].explode().null_count():
-        return list(zip(grouped["x"].to_list(), grouped["value"].to_list(), strict=True))
-    ends = np.cumsum(grouped["x"].list.len().to_numpy())
-    xs, ys = grouped["x"].explode().to_numpy(), values.to_numpy()
-    return [(xs[a:b], ys[a:b]) for a, b in zip([0, *ends[:-1].tolist()], ends.tolist(), strict=True)]
+def _metric_entry(name: str, part: pl.DataFrame, cap: int) -> dict[str, Any]:
+    """One metric's picker entry: its traces thinned to `cap` points, its axis, and how many were left out."""
+    grouped = _traces(part)
+    several_sources = grouped.get_column("source").n_unique() > 1
+    traces = []
+    for row in grouped.head(MAX_TRACES_PER_METRIC).iter_rows(named=True):
+        xs, ys = _as_arrays(row["x"], row["value"])
+        xs, ys = thin(xs, ys, cap)
+        trace_name = _trace_name(row["rank"], row["source"], row["by_step"], several_sources)
+        traces.append({"name": trace_name, "x": xs, "y": [compact(v) for v in ys]})
+    values = [v for t in traces for v in t["y"]]
+    return {
+        "name": name,
+        "x": "step" if grouped.item(0, "by_step") else "time",
+        "traces": traces,
+        "left_out": max(0, grouped.height - MAX_TRACES_PER_METRIC),
+        "axis": value_axis(values),
+    }
+
+
+def _as_arrays(xs: list[Any], ys: list[Any]) -> tuple[Any, Any]:
+    """Numpy arrays when nothing is missing (thinning keeps a NaN, never a missing value: they must stay apart)."""
+    if any(x is None for x in xs) or any(y is None for y in ys):
+        return xs, ys
+    return np.asarray(xs), np.asarray(ys, dtype=np.float64)
 
 
 def series_catalogue(series: pl.DataFrame) -> dict[str, Any]:
     """{"metrics": [{name, x: step|time, axis, traces: [{name, x, y}], left_out}], "names_only": [...]}."""
     if series.is_empty():
         return {"metrics": [], "names_only": []}
-    raw = _raw_metrics(series)
+    points = _points(series)
+    metrics = _by_metric(points)
+    sizes = [_shown_sizes(points[rows]) for _, rows in metrics]
     cap = MAX_POINTS_PER_TRACE
-    while cap > MIN_POINTS_PER_TRACE and sum(min(len(t["x"]), cap) for m in raw for t in m["traces"]) > MAX_VALUES:
+    while cap > MIN_POINTS_PER_TRACE and sum(min(n, cap) for shown in sizes for n in shown) > MAX_VALUES:
         cap //= 2
     kept, names_only, used = [], [], 0
-    for m in raw:
-        points = sum(min(len(t["x"]), cap) for t in m["traces"])
-        if used + points > MAX_VALUES or len(kept) >= MAX_METRICS:
-            names_only.append(m["name"])
+    for (name, rows), shown in zip(metrics, sizes, strict=True):
+        budget = sum(min(n, cap) for n in shown)
+        if used + budget > MAX_VALUES or len(kept) >= MAX_METRICS:
+            names_only.append(name)
             continue
-        traces = []
-        for t in m["traces"]:
-            xs, ys = thin(t["x"], t["y"], cap)
-            traces.append({"name": t["name"], "x": xs, "y": [compact(v) for v in ys]})
-        used += sum(len(t["x"]) for t in traces)
-        values = [v for t in traces for v in t["y"]]
-        kept.append({**m, "traces": traces, "axis": value_axis(values)})
+        entry = _metric_entry(name, points[rows], cap)
+        used += sum(len(t["x"]) for t in entry["traces"])
+        kept.append(entry)
     return {"metrics": kept, "names_only": names_only}

@@ -304,7 +304,7 @@ def _with_blocks(series: pl.DataFrame, sinks: list[Sink], consume: bool = False)
         for sink in sinks
     }
     codes = np.concatenate([to_global[id(sink)][block.codes] for sink, block in blocks])
-    metric = pl.Series("metric", list(names), dtype=pl.String).gather(codes)
+    metric = pl.Series("metric", list(names), dtype=SERIES_SCHEMA["metric"]).gather(codes)
     del codes
     rank, source = _one_column([b for _, b in blocks]), _sources(blocks)
     step = pl.concat([block.step for _, block in blocks]).cast(pl.Int64)
@@ -329,8 +329,9 @@ def _one_column(blocks: list[_SampleBlock]) -> pl.Expr | pl.Series:
 def _sources(blocks: list[tuple[Sink, _SampleBlock]]) -> pl.Expr | pl.Series:
     sources = {block.source for _, block in blocks}
     if len(sources) == 1:
-        return pl.lit(sources.pop(), pl.String)
-    return pl.concat([pl.repeat(block.source, len(block.codes), dtype=pl.String, eager=True) for _, block in blocks])
+        return pl.lit(sources.pop(), SERIES_SCHEMA["source"])
+    parts = [pl.repeat(block.source, len(block.codes), dtype=pl.String, eager=True) for _, block in blocks]
+    return pl.concat(parts).cast(SERIES_SCHEMA["source"])
 
 
 # How exactly a source keeps a value: structured files hold float64, TensorBoard float32, text lines what was printed
@@ -359,7 +360,7 @@ def one_sample_per_step(series: pl.DataFrame) -> pl.DataFrame:
         return series
     kept_rows = _one_sample_rows(stepped)
     if kept_rows is not None:
-        if not unstepped and len(kept_rows) == series.height:
+        if not unstepped and (kept_rows is EVERY_ROW or len(kept_rows) == series.height):
             return series  # one sample per step already (a single console's): no copy
         kept = stepped[kept_rows]
         return pl.concat([series.filter(pl.col("step").is_null()), kept]) if unstepped else kept
@@ -375,9 +376,10 @@ def one_sample_per_step(series: pl.DataFrame) -> pl.DataFrame:
 
 
 DENSE_KEYS_PER_ROW = 4  # keys up to this many times the rows index arrays; sparser ones are sorted
+EVERY_ROW = slice(None)  # what `_one_sample_rows` keeps when it keeps every row (no index array is built)
 
 
-def _one_sample_rows(stepped: pl.DataFrame) -> np.ndarray | None:
+def _one_sample_rows(stepped: pl.DataFrame) -> np.ndarray | slice | None:
     """The rows `one_sample_per_step` keeps of the stepped samples, in order, found with integer keys in numpy;
     None when the keys do not fit in 64 bits (or a metric is missing), for the polars path.
 
@@ -396,9 +398,11 @@ def _one_sample_rows(stepped: pl.DataFrame) -> np.ndarray | None:
     step_min = int(step.min())
     step_span = int(step.max()) - step_min + 1
     rank_span = int(rank.max()) - int(rank.min()) + 2
-    if (int(codes.max()) + 1) * step_span * rank_span >= 1 << 62:
+    span = (int(codes.max()) + 1) * step_span * rank_span
+    if span >= 1 << 62:
         return None
-    group = codes.astype(np.int64)  # (metric, step), computed in place: a 1 GiB run has 3M samples
+    key_type = np.int32 if span < 1 << 31 else np.int64  # half the memory where the keys fit
+    group = codes.astype(key_type)  # (metric, step), computed in place: a 1 GiB run has 3M samples
     del codes
     group *= step_span
     group += step
@@ -421,20 +425,27 @@ def _one_sample_rows(stepped: pl.DataFrame) -> np.ndarray | None:
     if has_rank.any() and not has_rank.all():
         ranked_group = np.bincount(group[keep & has_rank], minlength=groups) > 0
         keep &= has_rank | ~ranked_group[group]  # a copy without a rank gives way to ranked copies
-    rows = np.flatnonzero(keep)
-    del keep
-    key = group[rows]
-    del group
+    if keep.all():  # every row stays: no index arrays (they would take 8 bytes a sample)
+        rows, key = None, group
+    else:
+        rows = np.flatnonzero(keep)
+        key = group[rows]
+    del keep, group
     if has_rank.any():
-        key = key * rank_span + np.where(has_rank[rows], rank[rows] - rank.min() + 1, 0)
+        ranked = has_rank if rows is None else has_rank[rows]
+        row_rank = rank if rows is None else rank[rows]
+        key = key * rank_span + np.where(ranked, row_rank - rank.min() + 1, 0).astype(key_type)
+    kept = len(key)
     if int(key.max()) < DENSE_KEYS_PER_ROW * n:  # the first row of each (metric, step, rank)
         if np.bincount(key).max() <= 1:
-            return rows  # one sample each already
-        first = np.full(int(key.max()) + 1, len(rows), dtype=np.int64)
-        np.minimum.at(first, key, np.arange(len(rows)))
-        return rows[np.sort(first[first < len(rows)])]
-    _, first = np.unique(key, return_index=True)
-    return rows[np.sort(first)]
+            return EVERY_ROW if rows is None else rows  # one sample each already
+        first = np.full(int(key.max()) + 1, kept, dtype=np.int64)
+        np.minimum.at(first, key, np.arange(kept))
+        first = np.sort(first[first < kept])
+    else:
+        _, first = np.unique(key, return_index=True)
+        first = np.sort(first)
+    return first if rows is None else rows[first]
 
 
 def _frame(data: Any, schema: dict[str, pl.DataType]) -> pl.DataFrame:

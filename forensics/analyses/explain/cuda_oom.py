@@ -161,7 +161,7 @@ def _step_peaks(series: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame(schema={"step": pl.Int64, "value": pl.Float64})
     return (
         series.filter(
-            pl.col("metric").str.ends_with("max_memory_allocated_gb")
+            pl.col("metric").cat.ends_with("max_memory_allocated_gb")
             & pl.col("value").is_finite()
             & pl.col("step").is_not_null()
         )

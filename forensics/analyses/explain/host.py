@@ -27,7 +27,7 @@ def explain_process_killed(finding: Finding, reading: Reading) -> None:
     finding.explanation = SIGKILL_SENDERS
     series = reading.series
     host = (
-        series.filter(pl.col("metric").str.ends_with("cpu_memory_used_gb") & pl.col("value").is_finite())
+        series.filter(pl.col("metric").cat.ends_with("cpu_memory_used_gb") & pl.col("value").is_finite())
         if not series.is_empty()
         else series
     )
