@@ -225,9 +225,16 @@ def explain_shape_mismatch(finding: Finding, reading: Reading) -> None:
             if d:
                 diffs.append(d)
     if not diffs:
+        shown = finding.fields.get("ckpt_shape")
+        said = (
+            f"The log shows the checkpoint's shape of {finding.fields.get('key', 'a weight')} ({shown}) but not the "
+            "model's (the line is cut)."
+            if shown
+            else "The loader only asserted that the shapes differ; the log does not print them."
+        )
         finding.explanation = (
-            "The loader only asserted that the shapes differ; the log does not print them. A checkpoint saved for "
-            "another model configuration (hidden size, vocabulary, heads) or another tensor-parallel size gives this."
+            f"{said} A checkpoint saved for another model configuration (hidden size, vocabulary, heads) or another "
+            "tensor-parallel size gives this."
         )
         return
     kinds = Counter(d.kind for d in diffs)
