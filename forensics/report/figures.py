@@ -127,20 +127,21 @@ def context_metrics(f: Finding, logged: list[str]) -> list[str]:
 
 
 def _step_range(series: pl.DataFrame, root: Finding | None) -> tuple[float, float] | None:
-    steps = series.get_column("step").drop_nulls()
-    if steps.is_empty():
+    steps = series.get_column("step")
+    if steps.null_count() == len(steps):
         return None
-    lo, hi = int(steps.min()), int(steps.max())
+    lo, hi = int(steps.min()), int(steps.max())  # min and max pass over the nulls
     if root is not None and root.step is not None:
         lo, hi = min(lo, root.step), max(hi, root.step)
     return (lo - 0.5, hi + 0.5)
 
 
 def _time_range(a: Analysis) -> tuple[datetime, datetime] | None:
-    stamps = pl.concat([a.events.select("ts"), a.series.select("ts")]).get_column("ts").drop_nulls()
-    if stamps.is_empty():
+    columns = [frame.get_column("ts") for frame in (a.events, a.series)]  # min and max pass over the nulls
+    found = [(c.min(), c.max()) for c in columns if c.null_count() < len(c)]
+    if not found:
         return None
-    lo, hi = stamps.min(), stamps.max()
+    lo, hi = min(f[0] for f in found), max(f[1] for f in found)
     pad = (hi - lo) * 0.02
     return (lo - pad, hi + pad)
 

@@ -304,10 +304,15 @@ def _with_blocks(series: pl.DataFrame, sinks: list[Sink], consume: bool = False)
         for sink in sinks
     }
     codes = np.concatenate([to_global[id(sink)][block.codes] for sink, block in blocks])
+    sizes = [len(block.codes) for _, block in blocks]
+    for _, block in blocks:
+        block.codes = block.codes[:0]  # each column's parts are let go once the column holds them
     metric = pl.Series("metric", list(names), dtype=SERIES_SCHEMA["metric"]).gather(codes)
     del codes
-    rank, source = _one_column([b for _, b in blocks]), _sources(blocks)
+    rank, source = _one_column([b for _, b in blocks], sizes), _sources(blocks, sizes)
     step = pl.concat([block.step for _, block in blocks]).cast(pl.Int64)
+    for _, block in blocks:
+        block.step = block.step.clear()
     value = pl.concat([block.value for _, block in blocks]).cast(pl.Float64)
     del blocks
     frame = pl.DataFrame({"step": step, "metric": metric, "value": value})
@@ -317,20 +322,25 @@ def _with_blocks(series: pl.DataFrame, sinks: list[Sink], consume: bool = False)
     return pl.concat([series, frame]) if series.height else frame
 
 
-def _one_column(blocks: list[_SampleBlock]) -> pl.Expr | pl.Series:
-    """The blocks' ranks: one value when they share it, else a column."""
+def _one_column(blocks: list[_SampleBlock], sizes: list[int]) -> pl.Expr | pl.Series:
+    """The blocks' ranks (blocks of `sizes` samples): one value when they share it, else a column."""
     ranks = {b.rank for b in blocks if not isinstance(b.rank, pl.Series)}
     if len(ranks) == 1 and not any(isinstance(b.rank, pl.Series) for b in blocks):
         return pl.lit(ranks.pop(), pl.Int64)
-    parts = [b.rank if isinstance(b.rank, pl.Series) else pl.repeat(b.rank, len(b.codes), eager=True) for b in blocks]
+    parts = [
+        b.rank if isinstance(b.rank, pl.Series) else pl.repeat(b.rank, n, dtype=pl.Int64, eager=True)
+        for b, n in zip(blocks, sizes, strict=True)
+    ]
     return pl.concat([part.cast(pl.Int64) for part in parts])
 
 
-def _sources(blocks: list[tuple[Sink, _SampleBlock]]) -> pl.Expr | pl.Series:
+def _sources(blocks: list[tuple[Sink, _SampleBlock]], sizes: list[int]) -> pl.Expr | pl.Series:
     sources = {block.source for _, block in blocks}
     if len(sources) == 1:
         return pl.lit(sources.pop(), SERIES_SCHEMA["source"])
-    parts = [pl.repeat(block.source, len(block.codes), dtype=pl.String, eager=True) for _, block in blocks]
+    parts = [
+        pl.repeat(block.source, n, dtype=pl.String, eager=True) for (_, block), n in zip(blocks, sizes, strict=True)
+    ]
     return pl.concat(parts).cast(SERIES_SCHEMA["source"])
 
 
@@ -437,8 +447,11 @@ def _one_sample_rows(stepped: pl.DataFrame) -> np.ndarray | slice | None:
         key = key * rank_span + np.where(ranked, row_rank - rank.min() + 1, 0).astype(key_type)
     kept = len(key)
     if int(key.max()) < DENSE_KEYS_PER_ROW * n:  # the first row of each (metric, step, rank)
-        if np.bincount(key).max() <= 1:
+        seen = np.zeros(int(key.max()) + 1, dtype=bool)
+        seen[key] = True
+        if np.count_nonzero(seen) == kept:
             return EVERY_ROW if rows is None else rows  # one sample each already
+        del seen
         first = np.full(int(key.max()) + 1, kept, dtype=np.int64)
         np.minimum.at(first, key, np.arange(kept))
         first = np.sort(first[first < kept])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -21,6 +22,7 @@ from forensics.analyses.explain.cuda_oom import oom_budget
 from forensics.catalogue import Detection
 from forensics.metric_semantics import Vocabulary, bundled
 from forensics.model import Evidence
+from forensics.series_table import metric_codes, where
 
 GPU_SOURCES = ("nvidia_smi", "dcgm")
 GIB_PER_MIB = 1 / 1024
@@ -51,7 +53,7 @@ class Curve:
 class Context:
     """Everything the detectors read, built once per run."""
 
-    curves: dict[str, Curve]
+    curves: Mapping[str, Curve]  # built on demand (StepCurves)
     rank_curves: dict[str, dict[int, Curve]]  # metric -> rank -> curve, only where ranks logged apart
     gpu: pl.DataFrame  # per-GPU samples over time (nvidia-smi, dcgm-exporter)
     capacity_gib: float | None
@@ -99,21 +101,39 @@ def warmup_steps(n: int) -> int:
     return min(10, max(2, n // 10))
 
 
-def step_curves(series: pl.DataFrame, vocabulary: Vocabulary | None = None) -> dict[str, Curve]:
+class StepCurves(Mapping[str, Curve]):
+    """One run-level curve per metric, the copies of each step (one per rank) joined; each is built when first
+    asked for, so a run of 150 metrics over 20,000 steps does not hold every sample again as curves."""
+
+    def __init__(self, series: pl.DataFrame, vocabulary: Vocabulary | None = None) -> None:
+        self._vocabulary = vocabulary or bundled()
+        self._by_step = where(series, pl.col("step").is_not_null() & ~pl.col("source").is_in(GPU_SOURCES))
+        self._codes, self._code_of = metric_codes(self._by_step)
+        self._built: dict[str, Curve] = {}
+
+    def __getitem__(self, metric: str) -> Curve:
+        if metric not in self._built:
+            rows = np.flatnonzero(self._codes == self._code_of[metric])  # KeyError: never logged by step
+            how = _reduction(metric, self._vocabulary)
+            agg = {"max": pl.col("value").max(), "min": pl.col("value").min()}.get(how, pl.col("value").mean())
+            grouped = self._by_step[rows].group_by("step").agg(agg.alias("value")).sort("step")
+            steps, values = grouped["step"].to_numpy().astype(np.int64), grouped["value"].to_numpy().astype(float)
+            self._built[metric] = Curve(metric, steps, values)
+        return self._built[metric]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._code_of))
+
+    def __len__(self) -> int:
+        return len(self._code_of)
+
+    def __contains__(self, metric: object) -> bool:
+        return metric in self._code_of
+
+
+def step_curves(series: pl.DataFrame, vocabulary: Vocabulary | None = None) -> StepCurves:
     """One run-level curve per metric: the copies of each step (one per rank) joined."""
-    vocabulary = vocabulary or bundled()
-    by_step = series.filter(pl.col("step").is_not_null() & ~pl.col("source").is_in(GPU_SOURCES))
-    if by_step.is_empty():
-        return {}
-    curves = {}
-    for (metric,), part in by_step.group_by("metric"):
-        how = _reduction(str(metric), vocabulary)
-        agg = {"max": pl.col("value").max(), "min": pl.col("value").min()}.get(how, pl.col("value").mean())
-        grouped = part.group_by("step").agg(agg.alias("value")).sort("step")
-        curves[str(metric)] = Curve(
-            str(metric), grouped["step"].to_numpy().astype(np.int64), grouped["value"].to_numpy().astype(float)
-        )
-    return curves
+    return StepCurves(series, vocabulary)
 
 
 def rank_curves(series: pl.DataFrame) -> dict[str, dict[int, Curve]]:

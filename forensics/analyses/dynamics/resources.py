@@ -102,10 +102,10 @@ def _lengths_grow(ctx: Context, memory: Curve) -> bool:
     Activation memory grows with length, attention's up to its square: memory that rose by more than
     LENGTH_MEMORY_RATIO times the length's relative rise is not explained by it."""
     steps = memory.steps
-    for metric, curve in sorted(ctx.curves.items()):
+    for metric in sorted(ctx.curves):
         if ctx.kind_of(metric) != "length" or "max" in metric or "min" in metric:
             continue
-        finite = curve.finite()
+        finite = ctx.curves[metric].finite()
         window = finite.values[(finite.steps >= steps[0]) & (finite.steps <= steps[-1])]
         if len(window) < MIN_POINTS or kendall_tau(window) < LENGTH_GROWTH_TAU:
             continue

@@ -607,7 +607,7 @@ def detect_kl_blowup(ctx: Context) -> list[Detection]:
 
 def _coefficient_change(ctx: Context, step: int) -> str:
     """A note when the KL coefficient changed near `step` (a resumed run with another config, a schedule)."""
-    for curve in (c for m, c in sorted(ctx.curves.items()) if ctx.kind_of(m) == "kl_coef"):
+    for curve in (ctx.curves[m] for m in sorted(ctx.curves) if ctx.kind_of(m) == "kl_coef"):
         before = curve.values[curve.steps < step - 1]
         after = curve.values[curve.steps >= step - 1]
         if len(before) and len(after) and float(before[-1]) != float(after[0]):
