@@ -286,7 +286,9 @@ def _explains(cause: Finding, effect: Finding) -> bool:
         return False  # an unrecognised exception cannot explain what happened before it
     if cause.strength != "direct" and effect.strength != "direct" and _before(effect, cause):
         return False  # a reading of the curves explains only what came after it
-    if effect.cls in cause.symptom_of:  # mutual: the earlier one is the cause
+    if effect.cls in cause.symptom_of:  # mutual: the one fewer causes explain, else the earlier one
+        if len(cause.symptom_of) != len(effect.symptom_of):
+            return len(cause.symptom_of) < len(effect.symptom_of)
         return cause.sort_key() <= effect.sort_key()
     return True
 
