@@ -33,6 +33,7 @@ CUT_TRACEBACK_CONFIDENCE = 0.6  # a class read off the frames of a traceback cut
 # A root whose rule lists this many other classes as possible causes (a killed process, a dead actor, a watchdog
 # timeout, a stall) is usually a consequence standing in for a cause the logs do not hold: at most this confident.
 STAND_IN_CAUSES = 10
+TOGETHER_S = 0.1  # seconds between two lines of one burst of output
 STAND_IN_CONFIDENCE = 0.6
 WRAPPER_EXCEPTIONS = {
     "RayTaskError",
@@ -286,11 +287,17 @@ def _explains(cause: Finding, effect: Finding) -> bool:
         return False  # an unrecognised exception cannot explain what happened before it
     if cause.strength != "direct" and effect.strength != "direct" and _before(effect, cause):
         return False  # a reading of the curves explains only what came after it
-    if effect.cls in cause.symptom_of:  # mutual: the one fewer causes explain, else the earlier one
-        if len(cause.symptom_of) != len(effect.symptom_of):
-            return len(cause.symptom_of) < len(effect.symptom_of)
+    if effect.cls in cause.symptom_of:  # mutual: the earlier one is the cause, but of two printed together
+        if _together(cause, effect) and len(cause.symptom_of) != len(effect.symptom_of):
+            return len(cause.symptom_of) < len(effect.symptom_of)  # the one fewer causes explain
         return cause.sort_key() <= effect.sort_key()
     return True
+
+
+def _together(a: Finding, b: Finding) -> bool:
+    """Whether two findings were printed in one burst (within TOGETHER_S of each other): their order in the
+    log then says nothing about which came first (a watchdog prints its wrapper line before its reason)."""
+    return a.ts is not None and b.ts is not None and abs((a.ts - b.ts).total_seconds()) <= TOGETHER_S
 
 
 def _before(a: Finding, b: Finding) -> bool:
