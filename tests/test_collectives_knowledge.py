@@ -91,6 +91,24 @@ def test_an_nccl_error_after_the_timeout_is_its_consequence(tmp_path):
     assert [s.cls for s in verdict.symptoms] == ["nccl_error"]
 
 
+def test_the_watchdog_wrapper_printed_with_its_timeout_is_the_timeout(tmp_path):
+    """The watchdog prints 'Some NCCL operations have failed or timed out' a millisecond before its reason."""
+    wrapper = (
+        "[rank3]:[E1124 11:20:03.614679108 ProcessGroupNCCL.cpp:684] [Rank 3] Some NCCL operations have failed or "
+        "timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on "
+        "corrupted/incomplete data."
+    )
+    reason = (
+        "[rank3]:[E1124 11:20:03.616086576 ProcessGroupNCCL.cpp:1899] [PG ID 0 PG GUID 0(default_pg) Rank 3] Process "
+        "group watchdog thread terminated with exception: [Rank 3] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=460631, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600004 "
+        "milliseconds before timing out."
+    )
+    verdict = _run(tmp_path, [wrapper, reason])
+    assert (verdict.root_cause.cls, verdict.root_cause.rule) == ("nccl_timeout", "nccl-watchdog-timeout")
+    assert verdict.root_cause.evidence[0].line == 2
+
+
 def test_a_row_per_rank_is_split_into_its_measurements():
     row = "has data tensor(4., device='cuda:0') time cost 23.34592056274414 bandwidth 17.133614368513168"
     template, shared, measures, rates = _measurements(row)
