@@ -34,6 +34,7 @@ CUT_TRACEBACK_CONFIDENCE = 0.6  # a class read off the frames of a traceback cut
 # timeout, a stall) is usually a consequence standing in for a cause the logs do not hold: at most this confident.
 STAND_IN_CAUSES = 10
 TOGETHER_S = 0.1  # seconds between two lines of one burst of output
+TOGETHER_LINES = 5  # lines between them, where the lines carry no time
 STAND_IN_CONFIDENCE = 0.6
 WRAPPER_EXCEPTIONS = {
     "RayTaskError",
@@ -295,9 +296,12 @@ def _explains(cause: Finding, effect: Finding) -> bool:
 
 
 def _together(a: Finding, b: Finding) -> bool:
-    """Whether two findings were printed in one burst (within TOGETHER_S of each other): their order in the
-    log then says nothing about which came first (a watchdog prints its wrapper line before its reason)."""
-    return a.ts is not None and b.ts is not None and abs((a.ts - b.ts).total_seconds()) <= TOGETHER_S
+    """Whether two findings were printed in one burst (within TOGETHER_S of each other, or, without times,
+    within TOGETHER_LINES lines of one file): their order in the log then says nothing about which came first
+    (a watchdog prints its wrapper line before its reason)."""
+    if a.ts is not None and b.ts is not None:
+        return abs((a.ts - b.ts).total_seconds()) <= TOGETHER_S
+    return a.ts is None and b.ts is None and a.order[0] == b.order[0] and abs(a.order[1] - b.order[1]) <= TOGETHER_LINES
 
 
 def _before(a: Finding, b: Finding) -> bool:
