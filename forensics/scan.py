@@ -42,7 +42,9 @@ from forensics.tracebacks import cut_traceback
 
 PAIRS_IN_PYTHON_MAX = 64  # a batch with at most this many (line, pattern) pairs to try,
 SHORT_LINE_BYTES = 2048  # on lines no longer than this, tries them in Python (no backtracking risk to speak of)
-MAX_HITS_PER_FILE = 200_000  # distinct matching lines; past them a file is counted, not read, with a warning
+MAX_HITS_PER_FILE = 200_000  # distinct matching lines; past them only the error rules' lines are read (a warning)
+MAX_ERROR_HITS_PER_FILE = 50_000  # those error lines, past the cap; past them the file is counted, not read
+SERIOUS = frozenset({"error", "critical"})
 LOOKBACK_LINES = 64  # how far above an undated error its time is looked for (a long traceback fits)
 CUT_TRACEBACK_LINES = 200  # the last lines of a file read for a traceback cut before its exception line
 CUT_TAIL_BYTES = 4096  # the end of a small file searched for a frame before it is skipped as matching nothing
@@ -225,12 +227,18 @@ class TextScanner:
                 for batch in prefetched(batches) if read_ahead else batches:
                     lines = batch.first_line + len(batch.lines) - 1
                     last = batch
-                    if file.handled < MAX_HITS_PER_FILE:
+                    if file.handled < MAX_HITS_PER_FILE + MAX_ERROR_HITS_PER_FILE:
+                        capped = file.handled >= MAX_HITS_PER_FILE
                         self._scan_batch(batch, file)
-                        if file.handled >= MAX_HITS_PER_FILE:
+                        if not capped and file.handled >= MAX_HITS_PER_FILE:
                             warnings.append(
-                                f"{rel}: over {MAX_HITS_PER_FILE} distinct matching lines; the rest were counted, "
-                                "not read"
+                                f"{rel}: over {MAX_HITS_PER_FILE:,} distinct matching lines; after them only the "
+                                "lines of error rules were read"
+                            )
+                        if file.handled >= MAX_HITS_PER_FILE + MAX_ERROR_HITS_PER_FILE:
+                            warnings.append(
+                                f"{rel}: over {MAX_ERROR_HITS_PER_FILE:,} more error lines; the rest "
+                                "were counted, not read"
                             )
                 if last is not None:
                     self._traceback_cut_at_end(last, rel, fctx, sink)
@@ -349,8 +357,10 @@ class TextScanner:
                 lasts.append((last, key))
         earlier = _EarlierTimestamps(batch, file.fctx)
         for row, found, key, preset in sorted(one_by_one, key=lambda item: item[0]):
-            if file.handled >= MAX_HITS_PER_FILE:
+            if file.handled >= MAX_HITS_PER_FILE + MAX_ERROR_HITS_PER_FILE:
                 break
+            if file.handled >= MAX_HITS_PER_FILE and not self._serious(found):
+                continue  # past the cap a file's flood is left out; its errors (the failure at its end) are not
             file.handled += 1
             text = batch.text(row)
             hit = Hit(file.rel, batch.line_number(row), text, attribute(text, file.fctx), batch, row, file.fctx)
@@ -359,6 +369,10 @@ class TextScanner:
                 file.silent.add(key)
         for row, key in lasts:
             self._count_repeats(batch, row, key, file)
+
+    def _serious(self, found: list[int]) -> bool:
+        """Whether one of these patterns is a rule of severity error or critical."""
+        return any((rule := self.patterns[i].rule) is not None and rule.severity in SERIOUS for i in found)
 
     def _repeats_fold(self, batch: LineBatch, row: int, found: list[int]) -> bool:
         """Whether every pattern the line matched lets its repeats be counted into one event (and none reads

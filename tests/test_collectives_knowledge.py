@@ -174,6 +174,27 @@ def test_lines_that_only_name_a_rank_are_not_read_and_the_last_error_still_is(tm
     assert result.verdict.root_cause.rule == "cuda-oom"
 
 
+def test_past_the_cap_of_distinct_lines_a_file_s_errors_are_still_read(tmp_path, monkeypatch):
+    """A flood of distinct warnings (a retried request, each with its own object address) uses up the distinct
+    lines a file is read for; the failure at the end of the file is still read, and the report says what was
+    left out."""
+    monkeypatch.setattr("forensics.scan.MAX_HITS_PER_FILE", 200)
+    flood = (
+        "2025-10-21 00:02:{s:02d},917 - verl.utils.reward_score.sandbox_fusion - WARNING - sandbox request failed, "
+        "retrying: requests.exceptions.ConnectionError: HTTPConnectionPool(host='sandbox', port=8080): Max retries "
+        "exceeded (Caused by NewConnectionError('<urllib3.connection.HTTPConnection object at 0x7f{i:08x}>: "
+        "Failed to establish a new connection'))"
+    )
+    lines = [flood.format(s=i % 60, i=i) for i in range(1000)]
+    lines.append(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79 GiB"
+    )
+    (tmp_path / "train.log").write_text("\n".join(lines) + "\n")
+    result = analyze([tmp_path / "train.log"])
+    assert [w for w in result.warnings if "after them only the lines of error rules were read" in w]
+    assert (result.verdict.root_cause.rule, result.verdict.root_cause.evidence[0].line) == ("cuda-oom", 1001)
+
+
 def test_a_monitored_barrier_names_the_rank_it_waited_for(tmp_path):
     """Gloo's monitored barrier, printed on rank 1, blames rank 0: rank 0 is the finding's rank; a barrier that
     lists the ranks that did not pass names them."""
