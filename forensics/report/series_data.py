@@ -76,9 +76,9 @@ def _metric_entry(name: str, part: pl.DataFrame, cap: int) -> dict[str, Any]:
     """One metric's picker entry: its traces thinned to `cap` points, its axis, and how many were left out."""
     grouped = _traces(part)
     several_sources = grouped.get_column("source").n_unique() > 1
+    shown = grouped.head(MAX_TRACES_PER_METRIC)
     traces = []
-    for row in grouped.head(MAX_TRACES_PER_METRIC).iter_rows(named=True):
-        xs, ys = _as_arrays(row["x"], row["value"])
+    for row, (xs, ys) in zip(shown.drop("x", "value").iter_rows(named=True), _point_arrays(shown), strict=True):
         xs, ys = thin(xs, ys, cap)
         trace_name = _trace_name(row["rank"], row["source"], row["by_step"], several_sources)
         traces.append({"name": trace_name, "x": xs, "y": [compact(v) for v in ys]})
@@ -92,11 +92,15 @@ def _metric_entry(name: str, part: pl.DataFrame, cap: int) -> dict[str, Any]:
     }
 
 
-def _as_arrays(xs: list[Any], ys: list[Any]) -> tuple[Any, Any]:
-    """Numpy arrays when nothing is missing (thinning keeps a NaN, never a missing value: they must stay apart)."""
-    if any(x is None for x in xs) or any(y is None for y in ys):
-        return xs, ys
-    return np.asarray(xs), np.asarray(ys, dtype=np.float64)
+def _point_arrays(grouped: pl.DataFrame) -> list[tuple[Any, Any]]:
+    """Each row's x and y: numpy views into one flat array each, or lists when a value is missing (thinning
+    keeps a NaN, never a missing value: they must stay apart)."""
+    xs, ys = grouped["x"].explode(), grouped["value"].explode()
+    if xs.null_count() or ys.null_count():
+        return list(zip(grouped["x"].to_list(), grouped["value"].to_list(), strict=True))
+    ends = np.cumsum(grouped["x"].list.len().to_numpy())
+    x_all, y_all = xs.to_numpy(), ys.to_numpy()
+    return [(x_all[a:b], y_all[a:b]) for a, b in zip([0, *ends[:-1].tolist()], ends.tolist(), strict=True)]
 
 
 def series_catalogue(series: pl.DataFrame) -> dict[str, Any]:
