@@ -109,6 +109,7 @@ def series_catalogue(series: pl.DataFrame) -> dict[str, Any]:
         return {"metrics": [], "names_only": []}
     points = _points(series)
     metrics = rows_by_metric(points)
+    # per metric, as the entries are built below: one group_by over the whole table took ~140 MB more at 3M samples
     sizes = [_shown_sizes(points[rows]) for _, rows in metrics]
     cap = MAX_POINTS_PER_TRACE
     while cap > MIN_POINTS_PER_TRACE and sum(min(n, cap) for shown in sizes for n in shown) > MAX_VALUES:

@@ -304,15 +304,10 @@ def _with_blocks(series: pl.DataFrame, sinks: list[Sink], consume: bool = False)
         for sink in sinks
     }
     codes = np.concatenate([to_global[id(sink)][block.codes] for sink, block in blocks])
-    sizes = [len(block.codes) for _, block in blocks]
-    for _, block in blocks:
-        block.codes = block.codes[:0]  # each column's parts are let go once the column holds them
     metric = pl.Series("metric", list(names), dtype=SERIES_SCHEMA["metric"]).gather(codes)
     del codes
-    rank, source = _one_column([b for _, b in blocks], sizes), _sources(blocks, sizes)
+    rank, source = _one_column([b for _, b in blocks]), _sources(blocks)
     step = pl.concat([block.step for _, block in blocks]).cast(pl.Int64)
-    for _, block in blocks:
-        block.step = block.step.clear()
     value = pl.concat([block.value for _, block in blocks]).cast(pl.Float64)
     del blocks
     frame = pl.DataFrame({"step": step, "metric": metric, "value": value})
@@ -322,25 +317,20 @@ def _with_blocks(series: pl.DataFrame, sinks: list[Sink], consume: bool = False)
     return pl.concat([series, frame]) if series.height else frame
 
 
-def _one_column(blocks: list[_SampleBlock], sizes: list[int]) -> pl.Expr | pl.Series:
-    """The blocks' ranks (blocks of `sizes` samples): one value when they share it, else a column."""
+def _one_column(blocks: list[_SampleBlock]) -> pl.Expr | pl.Series:
+    """The blocks' ranks: one value when they share it, else a column."""
     ranks = {b.rank for b in blocks if not isinstance(b.rank, pl.Series)}
     if len(ranks) == 1 and not any(isinstance(b.rank, pl.Series) for b in blocks):
         return pl.lit(ranks.pop(), pl.Int64)
-    parts = [
-        b.rank if isinstance(b.rank, pl.Series) else pl.repeat(b.rank, n, dtype=pl.Int64, eager=True)
-        for b, n in zip(blocks, sizes, strict=True)
-    ]
+    parts = [b.rank if isinstance(b.rank, pl.Series) else pl.repeat(b.rank, len(b.codes), eager=True) for b in blocks]
     return pl.concat([part.cast(pl.Int64) for part in parts])
 
 
-def _sources(blocks: list[tuple[Sink, _SampleBlock]], sizes: list[int]) -> pl.Expr | pl.Series:
+def _sources(blocks: list[tuple[Sink, _SampleBlock]]) -> pl.Expr | pl.Series:
     sources = {block.source for _, block in blocks}
     if len(sources) == 1:
         return pl.lit(sources.pop(), SERIES_SCHEMA["source"])
-    parts = [
-        pl.repeat(block.source, n, dtype=pl.String, eager=True) for (_, block), n in zip(blocks, sizes, strict=True)
-    ]
+    parts = [pl.repeat(block.source, len(block.codes), dtype=pl.String, eager=True) for _, block in blocks]
     return pl.concat(parts).cast(SERIES_SCHEMA["source"])
 
 
