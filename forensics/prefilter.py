@@ -46,6 +46,7 @@ except ImportError:  # pragma: no cover - Python 3.10
     import sre_parse  # type: ignore[no-redef]
 
 MAX_EXACT = 64  # sets of exact strings larger than this stop being tracked
+MAX_ALSO = 2  # further literal sets tested on a candidate line (Literals.also)
 MAX_CLASS = 8  # a character class of at most this many characters counts as exact ([KMGT], [-+])
 # polars: the Rust regex engine searches up to about 70 literals with SIMD (Teddy), more with Aho-Corasick
 # at a third of the speed. Two SIMD searches of half the literals each beat one Aho-Corasick; more do not.
@@ -63,10 +64,24 @@ class Literals:
 
     strings: frozenset[str]
     icase: bool = False
+    # further sets the line must hold one of each of (other literals of the pattern's top-level sequence):
+    # tested on the candidates only, they leave out lines that hold the searched literal in another context
+    also: tuple[frozenset[str], ...] = ()
 
     def found_in(self, line: str, lowered: str) -> bool:
         haystack = lowered if self.icase else line
         return any(s in haystack for s in self.strings)
+
+    @property
+    def weak(self) -> bool:
+        """Whether the strings are in lines of every kind: punctuation and spaces only (" -> ", ": "), or in
+        every line of some log (UBIQUITOUS). Such a pattern is better searched in full."""
+        return not any(c.isalnum() for s in self.strings for c in s) or _ubiquitous(set(self.strings))
+
+    def also_in(self, line: str, lowered: str) -> bool:
+        """Whether the line holds one string of each further set (`lowered`: the line lower-cased)."""
+        haystack = lowered if self.icase else line
+        return all(any(s in haystack for s in strings) for strings in self.also)
 
 
 @dataclass
@@ -76,9 +91,10 @@ class _Info:
 
 
 # Literals that every line of some log holds, however long: the prefix NCCL writes before each of its INFO
-# lines, by the million with NCCL_DEBUG=INFO. A pattern's other required literals are searched instead (in
-# nccl-return-chain, " -> 2"), as long as it has any: which literals are searched never changes what matches.
-UBIQUITOUS = ("NCCL INFO ",)
+# lines, by the million with NCCL_DEBUG=INFO; the component and source file of every line of Ray's C++ logs
+# (`[ts I pid tid] (raylet) node_manager.cc:123: ...`). A pattern's other required literals are searched
+# instead, as long as it has any: which literals are searched never changes what matches.
+UBIQUITOUS = ("NCCL INFO ", "] (raylet) ", ".cc:")
 
 
 def _ubiquitous(strings: set[str]) -> bool:
@@ -93,10 +109,13 @@ def _better(a: set[str] | None, b: set[str] | None) -> set[str] | None:
     if not b:
         return a
 
-    def rank(x: set[str]) -> tuple[bool, int, int]:
-        return (not _ubiquitous(x), min(map(len, x)), -len(x))
+    return a if _rank(a) >= _rank(b) else b
 
-    return a if rank(a) >= rank(b) else b
+
+def _rank(x: set[str]) -> tuple[bool, int, int]:
+    """How selective a requirement is likely to be: not ubiquitous, then the length of its shortest string,
+    then the fewer strings."""
+    return (not _ubiquitous(x), min(map(len, x)), -len(x))
 
 
 def _as_required(exact: set[str] | None) -> set[str] | None:
@@ -106,22 +125,32 @@ def _as_required(exact: set[str] | None) -> set[str] | None:
 class _Analyzer:
     def __init__(self) -> None:
         self.icase = False
+        self.depth = 0
+        self.factors: list[set[str]] = []  # every requirement of the top-level sequence
 
     def sequence(self, nodes) -> _Info:
         run = {""}  # the exact strings of the current stretch of exact nodes
         exact = True  # every node so far was exact, and their product stayed small
         best: set[str] | None = None
+        top = self.depth == 0
+        self.depth += 1
         for op, av in nodes:
             info = self.node(op, av)
             if info.exact is not None and len(run) * len(info.exact) <= MAX_EXACT:
                 run = {a + b for a in run for b in info.exact}
                 continue
             exact = False
-            best = _better(best, _as_required(run))
-            best = _better(best, info.required)
+            best = self._keep(best, _as_required(run), top)
+            best = self._keep(best, info.required, top)
             run = set(info.exact) if info.exact is not None and len(info.exact) <= MAX_EXACT else {""}
-        best = _better(best, _as_required(run))
+        best = self._keep(best, _as_required(run), top)
+        self.depth -= 1
         return _Info(run if exact else None, best)
+
+    def _keep(self, best: set[str] | None, required: set[str] | None, top: bool) -> set[str] | None:
+        if top and required:
+            self.factors.append(required)
+        return _better(best, required)
 
     def node(self, op, av) -> _Info:
         if op is sre.LITERAL:
@@ -203,11 +232,19 @@ def required_literals(pattern: str) -> Literals | None:
     if not strings:
         return None
     icase = analyzer.icase or bool(tree.state.flags & sre.SRE_FLAG_IGNORECASE)
+    also = [f for f in analyzer.factors if f != strings and _telling(f)]
+    also = sorted(also, key=_rank, reverse=True)[:MAX_ALSO]
     if icase:
-        if not all(s.isascii() for s in strings):
+        if not all(s.isascii() for s in strings.union(*also)):
             return None  # Unicode case folding is beyond a lower-cased substring test
         strings = {s.lower() for s in strings}
-    return Literals(frozenset(strings), icase)
+        also = [{s.lower() for s in f} for f in also]
+    return Literals(frozenset(strings), icase, tuple(frozenset(f) for f in also))
+
+
+def _telling(strings: set[str]) -> bool:
+    """Whether a further set is worth a test: not in every line of some log, no string shorter than 3."""
+    return not _ubiquitous(strings) and min(map(len, strings)) >= 3
 
 
 def rust_literal(text: str) -> str:
@@ -382,6 +419,79 @@ def literal_finder(literals: Iterable[LiteralKey]) -> LiteralFinder:
         except hyperscan.error:  # a literal the compiler refuses: the slower engine reads it all the same
             pass
     return PolarsLiteralFinder(ordered)
+
+
+# `^` and `$` at line ends, as in the rules' (?m) form; a pattern that can match nothing is still a candidate
+LINE_REGEX_FLAGS = (hyperscan.HS_FLAG_MULTILINE | hyperscan.HS_FLAG_ALLOWEMPTY) if hyperscan is not None else 0
+
+
+class LineRegexFinder:
+    """Regexes searched over a batch's bytes in one Hyperscan pass: the lines each may match.
+
+    For the patterns whose literals are in most lines (LineExtractor.literal_prefilter False), a pattern being
+    a trigger and, optionally, a second regex the same line must match too (`(T)[^\\n]*(R)|(R)[^\\n]*(T)`).
+    Hyperscan reports where each match ends; the line holding that byte is a candidate. Its classes are ASCII
+    and `\\s` may cross a newline, so the lines are a superset, each told apart again by the pattern's own
+    regex; a pattern Hyperscan cannot compile (a look-around, a back-reference) is left to `fallback`.
+    """
+
+    def __init__(self, patterns: list[tuple[str, str | None]]):
+        self.expressions: dict[int, bytes] = {}
+        engine = os.environ.get(ENGINE_VARIABLE, "hyperscan")
+        for index, (trigger, requires) in enumerate(patterns):
+            expression = _both_on_one_line(trigger, requires).encode()
+            if hyperscan is not None and engine == "hyperscan" and _hyperscan_compiles(expression):
+                self.expressions[index] = expression
+        self.fallback = [i for i in range(len(patterns)) if i not in self.expressions]
+        self._database = None
+        if self.expressions:
+            self._database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+            self._database.compile(
+                expressions=list(self.expressions.values()),
+                ids=list(self.expressions),
+                elements=len(self.expressions),
+                flags=[LINE_REGEX_FLAGS] * len(self.expressions),
+            )
+        self._local = threading.local()
+
+    def lines_matching(self, batch: LineBatch) -> dict[int, set[int]]:
+        """Index into batch.lines of each owned line a compiled pattern may match -> those patterns."""
+        if self._database is None:
+            return {}
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = hyperscan.Scratch(self._database)
+        starts = batch.offsets
+        begin, end = int(starts[batch.own_start]), int(starts[batch.own_end])
+        found: list[tuple[int, int]] = []
+        self._database.scan(
+            batch.data[begin:end],
+            match_event_handler=lambda pattern, _start, stop, _flags, _ctx: found.append((stop, pattern)),
+            scratch=scratch,
+        )
+        if not found:
+            return {}
+        stops = np.fromiter((stop for stop, _ in found), dtype=np.int64, count=len(found)) + (begin - 1)
+        rows = np.searchsorted(starts, np.maximum(stops, begin), side="right") - 1
+        held: dict[int, set[int]] = {}
+        for row, (_, pattern) in zip(rows.tolist(), found, strict=True):
+            held.setdefault(row, set()).add(pattern)
+        return held
+
+
+def _both_on_one_line(trigger: str, requires: str | None) -> str:
+    """One regex for a line that both match, in either order (a line of its own: `.` stops at a newline)."""
+    if requires is None:
+        return trigger
+    return f"(?:{trigger})[^\\n]*(?:{requires})|(?:{requires})[^\\n]*(?:{trigger})"
+
+
+def _hyperscan_compiles(expression: bytes) -> bool:
+    try:
+        hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK).compile(expressions=[expression], flags=[LINE_REGEX_FLAGS])
+    except hyperscan.error:
+        return False
+    return True
 
 
 def owned_lines(batch: LineBatch) -> pl.Series:

@@ -34,7 +34,14 @@ import polars as pl
 import regex
 
 from forensics.line_prefixes import RANK_IN_MESSAGE, FileContext, attribute, file_context, rust_form
-from forensics.prefilter import Literals, literal_finder, owned_lines, required_literals, text_column
+from forensics.prefilter import (
+    LineRegexFinder,
+    Literals,
+    literal_finder,
+    owned_lines,
+    required_literals,
+    text_column,
+)
 from forensics.rules.model import USER_REGEX_TIMEOUT_S, Rule
 from forensics.sources.base import BatchLines, Hit, LineExtractor, LineRecord, Sink
 from forensics.textio import LineBatch, iter_line_batches, open_binary, prefetched, read_problem
@@ -119,6 +126,7 @@ class _Pattern:
     literals: Literals | None = field(default=None, compare=False)
     folds: re.Pattern | None = None  # lines whose repeats may be counted into one event (see LineExtractor)
     search: Callable[[str], object] | None = field(default=None, compare=False)  # Python's, None: Rust only
+    in_full: bool = False  # searched over the whole batch, not through literals (see TextScanner.__init__)
 
     def matches(self, line: str) -> bool:
         """Whether Python's regex matches `line`; a pattern only Rust reads, or a rule's regex that times out,
@@ -135,7 +143,10 @@ def _rule_pattern(rule: Rule, index: int) -> _Pattern:
     folds = _ANY_LINE if clause.followed_by is None and not rule.extract_window else None
     compiled = clause.compiled
     search = functools.partial(compiled.search, timeout=USER_REGEX_TIMEOUT_S)  # a user's regex may backtrack
-    return _Pattern(prefilter_form(clause.regex), rule, None, required_literals(clause.regex), folds, search)
+    literals = required_literals(clause.regex)
+    if literals is not None and literals.weak:  # " -> " is in lines of every kind: search in full
+        return _Pattern(prefilter_form(clause.regex), rule, None, None, folds, search, in_full=True)
+    return _Pattern(prefilter_form(clause.regex), rule, None, literals, folds, search)
 
 
 def _extractor_pattern(extractor: LineExtractor) -> _Pattern:
@@ -144,7 +155,8 @@ def _extractor_pattern(extractor: LineExtractor) -> _Pattern:
     search = _python_search(extractor.trigger)
     if extractor.requires is not None:  # Python tells a few lines apart with both (or leaves them to the handler)
         search = _both(search, _python_search(extractor.requires))
-    return _Pattern(prefilter_form(extractor.trigger), None, extractor, literals, folds, search)
+    in_full = not extractor.literal_prefilter
+    return _Pattern(prefilter_form(extractor.trigger), None, extractor, literals, folds, search, in_full)
 
 
 def _both(
@@ -190,14 +202,23 @@ class TextScanner:
             for s in p.literals.strings if p.literals else ():
                 needed_by.setdefault((s, p.literals.icase), []).append(i)
         self._patterns_of = [needed_by[key] for key in self.finder.literals]
+        self._also = {i: p.literals for i, p in enumerate(patterns) if p.literals is not None and p.literals.also}
+        self._checks_also = set(self._also)
+        self._folds_also = {i for i, literals in self._also.items() if literals.icase}
         # extractors whose trigger Rust searches over the whole batch (LineExtractor.literal_prefilter), then
         # the lines it finds for what they require: (pattern, trigger, required regex or None)
-        self._searched = [
-            (i, f"(?m){p.rust}", f"(?m){prefilter_form(p.extractor.requires)}" if p.extractor.requires else None)
-            for i, p in enumerate(patterns)
-            if p.extractor is not None and not p.extractor.literal_prefilter
+        # patterns searched in full, without literals: extractors whose words are in most lines
+        # (LineExtractor.literal_prefilter False) and rules whose only literals are punctuation (_Pattern.in_full)
+        searched_ = [i for i, p in enumerate(patterns) if p.in_full]
+        requires = {i: prefilter_form(e.requires) for i in searched_ if (e := patterns[i].extractor) and e.requires}
+        self._line_regexes = LineRegexFinder([(patterns[i].rust, requires.get(i)) for i in searched_])
+        self._searched_patterns = searched_  # LineRegexFinder's pattern n is pattern searched_[n]
+        self._searched_all = [
+            (i, f"(?m){patterns[i].rust}", f"(?m){requires[i]}" if i in requires else None) for i in searched_
         ]
-        searched = {i for i, _, _ in self._searched}
+        # those Hyperscan cannot compile (or without Hyperscan), Rust searches over each batch
+        self._searched = [self._searched_all[n] for n in self._line_regexes.fallback]
+        searched = set(searched_)
         self._always = [i for i, p in enumerate(patterns) if p.literals is None and i not in searched]
         self.unfiltered = "(?m)" + "|".join(f"(?:{patterns[i].rust})" for i in self._always) if self._always else None
         self._regexes = pl.Series("regex", [f"(?m){p.rust}" for p in patterns], dtype=pl.String)
@@ -209,6 +230,7 @@ class TextScanner:
         self._reads_batches = [p.extractor is not None and p.extractor.handle_batch is not None for p in patterns]
         self._rule_seconds: dict[str, float] = {}
         self.disabled: dict[str, tuple[str, str]] = {}  # rule id -> (file that tripped it, warning)
+        self._off: tuple[int, set[int]] = (0, set())  # (rules switched off, their patterns)
 
     def scan(self, path: Path, rel: str, sink: Sink, *, read_ahead: bool = False) -> tuple[int, list[str]]:
         """Read one text file into the sink; returns its line count and any warnings.
@@ -291,8 +313,8 @@ class TextScanner:
         if self.unfiltered is not None and texts:
             unfiltered = text_column(texts).str.contains(self.unfiltered).to_list()
             found = [a or b for a, b in zip(found, unfiltered, strict=True)]
-        column = text_column(texts) if self._searched and texts else None
-        for _, trigger, requires in self._searched if column is not None else ():
+        column = text_column(texts) if self._searched_all and texts else None
+        for _, trigger, requires in self._searched_all if column is not None else ():
             hit = column.str.contains(trigger)  # both anywhere in a whole text: true of it when true of a line
             if requires is not None:
                 hit = hit & column.str.contains(requires)
@@ -307,7 +329,10 @@ class TextScanner:
         if self.unfiltered is not None:
             rows = owned_lines(batch).str.contains(self.unfiltered).arg_true() + batch.own_start
             unfiltered = set(rows.to_list())
-        searched: dict[int, list[int]] = {}  # row -> the patterns Rust found it for (literal_prefilter False)
+        searched: dict[int, list[int]] = {  # row -> the patterns searched in full found it for
+            row: [self._searched_patterns[n] for n in found]
+            for row, found in self._line_regexes.lines_matching(batch).items()
+        }
         for index, trigger, requires in self._searched:
             lines = owned_lines(batch)
             rows = lines.str.contains(trigger).arg_true()
@@ -315,7 +340,7 @@ class TextScanner:
                 rows = rows.filter(lines.gather(rows).str.contains(requires))
             for row in (rows + batch.own_start).to_list():
                 searched.setdefault(row, []).append(index)
-        off = {i for i, p in enumerate(self.patterns) if p.rule is not None and p.rule.id in self.disabled}
+        off = self._switched_off()
         rows_out: list[int] = []
         tried_out: list[int] = []
         for row in sorted(held.keys() | unfiltered | searched.keys()):
@@ -324,9 +349,21 @@ class TextScanner:
                 tried.update(self._always)
             tried.update(searched.get(row, ()))
             tried -= off
+            checked = tried & self._checks_also
+            if checked:  # a pattern with further literals is tried only where the line holds them too
+                text = batch.text(row)
+                lowered = text.lower() if checked & self._folds_also else text
+                tried -= {i for i in checked if not self._also[i].also_in(text, lowered)}
             rows_out.extend([row] * len(tried))
             tried_out.extend(tried)
         return np.array(rows_out, dtype=np.int64), np.array(tried_out, dtype=np.int64)
+
+    def _switched_off(self) -> set[int]:
+        """The patterns of the rules switched off so far (worked out again only when one more is)."""
+        if self._off[0] != len(self.disabled):
+            off = {i for i, p in enumerate(self.patterns) if p.rule is not None and p.rule.id in self.disabled}
+            self._off = (len(self.disabled), off)
+        return self._off[1]
 
     def _scan_batch(self, batch: LineBatch, file: _FileScan) -> None:
         """Hand the batch's matching lines over: whole columns to batch extractors, repeats to one event each,

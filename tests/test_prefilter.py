@@ -42,7 +42,47 @@ def _bundled_patterns() -> list[str]:
     ],
 )
 def test_required_literals(pattern, strings, icase):
-    assert required_literals(pattern) == Literals(frozenset(strings), icase)
+    literals = required_literals(pattern)
+    assert literals is not None
+    assert (literals.strings, literals.icase) == (frozenset(strings), icase)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "also"),
+    [
+        # the other literals of the top-level sequence, most selective first, at most two
+        # Ray's C++ log prefix and file names are in all of its lines: " C " (a fatal line) is searched
+        (r"\[\d+ C \d+\] \(raylet\) (?P<check>\S+\.cc:\d+)", []),
+        (r"NCCL INFO \S+\.(?:cu|h):\d+ -> [1-9]", [{".cu:", ".h:"}]),  # NCCL's prefix is never tested
+        (r"(?i)Watchdog: (?:rank|gpu) \d+ timed out", [{" timed out"}]),  # the branch joins the first run
+        (r"exitcode\s*:\s*-?\d+", []),  # one literal: nothing further
+        (r"foo|bar baz", []),  # an alternation at the top holds no sequence of its own
+    ],
+)
+def test_further_literals(pattern, also):
+    literals = required_literals(pattern)
+    assert literals is not None
+    assert [set(a) for a in literals.also] == also
+
+
+def test_further_literals_are_tested_on_the_line():
+    literals = required_literals(r"NCCL INFO \S+\.(?:cu|h):\d+ -> [1-9]")
+    assert literals is not None and literals.strings == {" -> "}
+    for line, holds in [
+        ("host:1:2 [0] NCCL INFO include/net.h:25 -> 2", True),
+        ("host:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC", False),
+    ]:
+        assert literals.also_in(line, line.lower()) is holds
+    folded = required_literals(r"(?i)Watchdog: (?:rank|gpu) \d+ timed out")
+    line = "WATCHDOG: GPU 3 TIMED OUT"
+    assert folded is not None and folded.also_in(line, line.lower())
+
+
+def test_weak_literals_are_told_apart():
+    assert required_literals(r"NCCL INFO \S+ -> 2").weak is False  # " -> 2" holds a digit
+    assert required_literals(r"\S+ -> \d").weak is True  # punctuation only
+    assert required_literals(r"NCCL INFO \S+").weak is True  # in every line of NCCL's INFO output
+    assert required_literals(r"exitcode\s*:").weak is False
 
 
 @pytest.mark.parametrize(

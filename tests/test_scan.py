@@ -109,6 +109,39 @@ def test_many_candidates_are_told_apart_by_literals_found_in_rust_without_losing
     assert got == _brute_force(scanner, data)
 
 
+def test_patterns_searched_in_full_find_their_lines_with_either_engine(engine):
+    scanner = _scanner()
+    in_full = {
+        scanner.patterns[i].rule.id if scanner.patterns[i].rule else scanner.patterns[i].extractor.name
+        for i in scanner._searched_patterns
+    }
+    assert {"nccl-return-chain", "rank_measurements"} <= in_full  # " -> " and words in most lines
+    assert (scanner._line_regexes.fallback == []) is (engine == "hyperscan")
+    lines = [
+        "dgxa100:1050:1316 [0] NCCL INFO include/net.h:25 -> 2",  # the rule's examples (real NCCL output)
+        "dgxa100:1050:1316 [0] NCCL INFO transport/net.cc:515 -> 2",
+        "node1:12:34 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC",
+        "Rank 3 has data 1024 time cost 23.3 bandwidth 17.1",
+        "[rank1]: allreduce took 2.8 ms",
+        "rank",  # the trigger's \s may cross a line in Hyperscan: no line is found for it
+        "3 took 5 ms",
+    ]
+    data = ("\n".join(lines) + "\n").encode()
+    got = _dispatched(scanner, data, 1 << 20)
+    assert got == _brute_force(scanner, data)
+    named = {
+        (line, scanner.patterns[i].rule.id if scanner.patterns[i].rule else scanner.patterns[i].extractor.name)
+        for line, i in got
+    }
+    assert {
+        (1, "nccl-return-chain"),
+        (2, "nccl-return-chain"),
+        (4, "rank_measurements"),
+        (5, "rank_measurements"),
+    } <= named
+    assert not {n for n in named if n[0] in (3, 6, 7) and n[1] in in_full}
+
+
 def _events(scanner: TextScanner, path: Path, rel: str, **kwargs) -> pl.DataFrame:
     sink = Sink()
     lines, warnings = scanner.scan(path, rel, sink, **kwargs)
