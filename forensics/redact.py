@@ -88,6 +88,8 @@ _ASSIGNED = re.compile(
     r"(?i)(?:password|passwd|pwd|secret|token|api[_-]?key|apikey|access[_-]?key|private[_-]?key)"
     r"(?P<sep>[\"']?\s*[=:]\s*[\"']?| )(?P<value>[^\s\"',;]{6,})"
 )
+_FLAG = re.compile(r"--?[A-Za-z0-9]")  # a command-line flag, not a divider of dashes (`-----Inter-token Latency`)
+_COUNT = re.compile(r"[0-9][0-9,]*")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
@@ -103,14 +105,29 @@ def _assigned(m: re.Match[str]) -> str:
     value = m["value"]
     if name.lower().endswith(_VOCABULARY_TOKENS) or value.lower().startswith(_NOT_A_VALUE):
         return m.group(0)
-    if m["sep"] == " " and not name.startswith("-"):
+    if m["sep"] == " " and not _FLAG.match(name):
         return m.group(0)  # a bare space separates a secret only from a command-line flag (--token VALUE)
+    if m.group(0)[: m.start("sep") - m.start()].lower() == "token" and _COUNT.fullmatch(value):
+        return m.group(0)  # a count of tokens (SGLang's `#token: 180776`), not one
     return m.group(0)[: m.start("value") - m.start()] + "[REDACTED]"
+
+
+def _literals_of(pattern: re.Pattern[str]) -> re.Pattern[str]:
+    """A plain alternation of the lower-cased strings one of which is in every text `pattern` matches (see
+    prefilter.py): searched in the lower-cased text, it is several times cheaper than the pattern."""
+    from forensics.prefilter import required_literals  # here: the scanner's module is not needed at import
+
+    literals = required_literals(pattern.pattern)
+    assert literals is not None and literals.icase
+    return re.compile("|".join(map(re.escape, sorted(literals.strings))))
+
+
+_MAYBE_SECRET_LITERALS = _literals_of(_MAYBE_SECRET)
 
 
 def redact(text: str) -> str:
     """`text` with every recognised secret replaced by a marker saying what it was."""
-    if not _MAYBE_SECRET.search(text):
+    if not _MAYBE_SECRET_LITERALS.search(text.lower()) or not _MAYBE_SECRET.search(text):
         return text
     for pattern, replacement in _SHAPED:
         text = pattern.sub(replacement, text)

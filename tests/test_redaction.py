@@ -62,6 +62,7 @@ CASES = [
     (f"python train.py --db-password {PASSWORD} --epochs 3", PASSWORD, "--epochs 3"),
     (f'{{"client_secret": "{PASSWORD}", "project": "rl"}}', PASSWORD, '"project": "rl"'),
     (f"DB_PASSWORD={PASSWORD}", PASSWORD, "DB_PASSWORD="),
+    ("password: 20250314", "20250314", "password: "),  # a number is a count after "token" only
     (f"https://bucket.s3.amazonaws.com/ckpt.pt?X-Amz-Signature={'ab12' * 16}&X-Amz-Expires=3600", "ab12" * 16, "3600"),
     (PRIVATE_KEY, "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQ", ""),
     ("-----BEGIN RSA PRIVATE KEY-----", "-----BEGIN RSA PRIVATE KEY-----", ""),
@@ -81,6 +82,10 @@ UNCHANGED = [
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 18.55 GiB. GPU 1 has a total capacity",
     "task-0123456789abcdefghijklmnopqrstuvwxyz finished; disk-abcdefghijklmnopqrstuvwxyz0123 mounted",
     "worker_id=0b1f2e3d4c5b6a79 node_id=5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b",
+    # real serving logs: SGLang's scheduler line (a count of tokens) and vLLM's benchmark table heading
+    "[2025-03-14 02:16:14 TP0] Decode batch. #running-req: 509, #token: 180776, token usage: 0.43, "
+    "gen throughput (token/s): 7897.87, largest-len: 0, #queue-req: 0, ",
+    "---------------Inter-token Latency----------------",
 ]
 
 
