@@ -124,19 +124,41 @@ def _repeated(repeats: dict[str, Any] | None) -> tuple[int, datetime | None]:
     return int(repeats.get("count") or 1), datetime.fromisoformat(last) if last else None
 
 
+_HOST_TOKEN = re.compile(r"(?<![\w.-])[\w-][\w.-]*")  # where a host name may start, to the end of its word
+_HOST_NAME = re.compile(r"[\w-][\w.-]*")
+
+
 class _Signatures:
-    """Normalised messages, each text worked out once; host names replaced by one pattern, not one per host."""
+    """Normalised messages, each text worked out once; host names replaced where a word of the line is one.
+
+    A host is replaced where nothing of [\\w.-] is before it and nothing of [\\w-] after it (a domain may
+    follow): the whole word, or the longest part of it before a dot, is looked up in a set, not searched
+    for one host at a time (a run of a thousand nodes names a thousand hosts).
+    """
 
     def __init__(self, hosts: list[str]):
-        names = sorted({h for h in hosts if h and len(h) > 1}, key=len, reverse=True)
-        self._hosts = re.compile("(?<![\\w.-])(?:" + "|".join(map(re.escape, names)) + ")(?![\\w-])") if names else None
+        self._hosts = {h for h in hosts if h and len(h) > 1 and _HOST_NAME.fullmatch(h)}
+        others = sorted({h for h in hosts if h and len(h) > 1} - self._hosts, key=len, reverse=True)
+        self._others = (
+            re.compile("(?<![\\w.-])(?:" + "|".join(map(re.escape, others)) + ")(?![\\w-])") if others else None
+        )
         self._seen: dict[str, str] = {}
 
     def __call__(self, text: str) -> str:
         if text not in self._seen:
-            plain = self._hosts.sub("<host>", text) if self._hosts else text
+            plain = _HOST_TOKEN.sub(self._host_word, text) if self._hosts else text
+            plain = self._others.sub("<host>", plain) if self._others else plain
             self._seen[text] = normalise(plain) or text
         return self._seen[text]
+
+    def _host_word(self, m: re.Match[str]) -> str:
+        word = m[0]
+        end = len(word)
+        while end > 0:
+            if word[:end] in self._hosts:
+                return "<host>" + word[end:]
+            end = word.rfind(".", 0, end)
+        return word
 
 
 def _groups(a: Analysis, order: list[int]) -> list[_Group]:
