@@ -47,6 +47,7 @@ from forensics.sources.base import BatchLines, Hit, LineExtractor, LineRecord, S
 from forensics.textio import LineBatch, iter_line_batches, open_binary, prefetched, read_problem
 from forensics.tracebacks import cut_traceback
 
+ALSO_IN_PYTHON_MAX = 32  # a pattern's candidate lines tested for its further literals in Python, more in Rust
 PAIRS_IN_PYTHON_MAX = 64  # a batch with at most this many (line, pattern) pairs to try,
 SHORT_LINE_BYTES = 2048  # on lines no longer than this, tries them in Python (no backtracking risk to speak of)
 MAX_HITS_PER_FILE = 200_000  # distinct matching lines; past them only the error rules' lines are read (a warning)
@@ -204,7 +205,6 @@ class TextScanner:
         self._patterns_of = [needed_by[key] for key in self.finder.literals]
         self._also = {i: p.literals for i, p in enumerate(patterns) if p.literals is not None and p.literals.also}
         self._checks_also = set(self._also)
-        self._folds_also = {i for i, literals in self._also.items() if literals.icase}
         # extractors whose trigger Rust searches over the whole batch (LineExtractor.literal_prefilter), then
         # the lines it finds for what they require: (pattern, trigger, required regex or None)
         # patterns searched in full, without literals: extractors whose words are in most lines
@@ -349,14 +349,31 @@ class TextScanner:
                 tried.update(self._always)
             tried.update(searched.get(row, ()))
             tried -= off
-            checked = tried & self._checks_also
-            if checked:  # a pattern with further literals is tried only where the line holds them too
-                text = batch.text(row)
-                lowered = text.lower() if checked & self._folds_also else text
-                tried -= {i for i in checked if not self._also[i].also_in(text, lowered)}
             rows_out.extend([row] * len(tried))
             tried_out.extend(tried)
-        return np.array(rows_out, dtype=np.int64), np.array(tried_out, dtype=np.int64)
+        rows, tried_ = np.array(rows_out, dtype=np.int64), np.array(tried_out, dtype=np.int64)
+        keep = self._holding_further_literals(batch, rows, tried_)
+        return (rows, tried_) if keep is None else (rows[keep], tried_[keep])
+
+    def _holding_further_literals(self, batch: LineBatch, rows: np.ndarray, tried: np.ndarray) -> np.ndarray | None:
+        """Which (row, pattern) pairs hold the pattern's further literals too (Literals.also), None for all:
+        Rust tests the many lines of a pattern at once, Python the few."""
+        keep: np.ndarray | None = None
+        for index in self._checks_also.intersection(np.unique(tried).tolist()):
+            picked = np.flatnonzero(tried == index)
+            literals = self._also[index]
+            if len(picked) > ALSO_IN_PYTHON_MAX:
+                lines = batch.lines.gather(rows[picked])
+                holds = np.ones(len(picked), dtype=bool)
+                for strings in literals.also:
+                    holds &= lines.str.contains_any(list(strings), ascii_case_insensitive=literals.icase).to_numpy()
+            else:
+                texts = [batch.text(row) for row in rows[picked].tolist()]
+                holds = np.array([literals.also_in(t, t.lower() if literals.icase else t) for t in texts], dtype=bool)
+            if not holds.all():
+                keep = np.ones(len(rows), dtype=bool) if keep is None else keep
+                keep[picked[~holds]] = False
+        return keep
 
     def _switched_off(self) -> set[int]:
         """The patterns of the rules switched off so far (worked out again only when one more is)."""

@@ -4,6 +4,7 @@ import functools
 import io
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -140,6 +141,21 @@ def test_patterns_searched_in_full_find_their_lines_with_either_engine(engine):
         (5, "rank_measurements"),
     } <= named
     assert not {n for n in named if n[0] in (3, 6, 7) and n[1] in in_full}
+
+
+@pytest.mark.parametrize("healthy", [3, 300])  # the further literals tested in Python, then in Rust
+def test_lines_without_a_patterns_further_literals_are_not_tried(engine, healthy):
+    scanner = _scanner()
+    step = "step:{} - actor/pg_loss:0.0123 - actor/grad_norm:{} - critic/vf_loss:0.52 - response_length/mean:311.5"
+    lines = [step.format(i, 0.87) for i in range(healthy)] + [step.format(healthy, "nan")]
+    data = ("\n".join(lines) + "\n").encode()
+    batch = next(iter_line_batches(io.BytesIO(data), chunk_bytes=1 << 20))
+    rows, tried = scanner._candidates(batch)
+    non_finite = {i for i, p in enumerate(scanner.patterns) if p.rule is not None and p.rule.id == "non-finite-loss"}
+    assert set(rows[np.isin(tried, list(non_finite))].tolist()) == {healthy}  # only the nan line is tried
+    got = _dispatched(scanner, data, 1 << 20)
+    assert got == _brute_force(scanner, data)
+    assert {line for line, i in got if i in non_finite} == {healthy + 1}
 
 
 def _events(scanner: TextScanner, path: Path, rel: str, **kwargs) -> pl.DataFrame:
