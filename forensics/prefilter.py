@@ -20,6 +20,7 @@ Only the few candidate lines reach Python, where the literals they hold pick the
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -217,6 +218,7 @@ def _class_chars(items) -> set[str] | None:
     return chars or None
 
 
+@functools.lru_cache(maxsize=4096)  # every analysis reads the same rules: parse each pattern once a process
 def required_literals(pattern: str) -> Literals | None:
     """The literals any match of `pattern` must contain, or None when no such set is certain."""
     try:
@@ -411,14 +413,18 @@ class HyperscanLiteralFinder(LiteralFinder):
 
 def literal_finder(literals: Iterable[LiteralKey]) -> LiteralFinder:
     """Hyperscan where it is installed (or asked for in FORENSICS_LITERAL_ENGINE), else polars."""
-    ordered = sorted(set(literals))
     engine = os.environ.get(ENGINE_VARIABLE, "hyperscan" if hyperscan is not None else "polars")
+    return _literal_finder(tuple(sorted(set(literals))), engine)
+
+
+@functools.lru_cache(maxsize=8)  # the finders hold no state of a scan: one per rule set and engine a process
+def _literal_finder(ordered: tuple[LiteralKey, ...], engine: str) -> LiteralFinder:
     if engine == "hyperscan" and hyperscan is not None and ordered:
         try:
-            return HyperscanLiteralFinder(ordered)
+            return HyperscanLiteralFinder(list(ordered))
         except hyperscan.error:  # a literal the compiler refuses: the slower engine reads it all the same
             pass
-    return PolarsLiteralFinder(ordered)
+    return PolarsLiteralFinder(list(ordered))
 
 
 # `^` and `$` at line ends, as in the rules' (?m) form; a pattern that can match nothing is still a candidate
@@ -486,6 +492,17 @@ def _both_on_one_line(trigger: str, requires: str | None) -> str:
     return f"(?:{trigger})[^\\n]*(?:{requires})|(?:{requires})[^\\n]*(?:{trigger})"
 
 
+def line_regex_finder(patterns: list[tuple[str, str | None]]) -> LineRegexFinder:
+    """The finder of these patterns, built once a process for each set and engine (a compile takes ~50 ms)."""
+    return _line_regex_finder(tuple(patterns), os.environ.get(ENGINE_VARIABLE, "hyperscan"))
+
+
+@functools.lru_cache(maxsize=8)
+def _line_regex_finder(patterns: tuple[tuple[str, str | None], ...], _engine: str) -> LineRegexFinder:
+    return LineRegexFinder(list(patterns))
+
+
+@functools.lru_cache(maxsize=4096)
 def _hyperscan_compiles(expression: bytes) -> bool:
     try:
         hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK).compile(expressions=[expression], flags=[LINE_REGEX_FLAGS])

@@ -35,8 +35,8 @@ import regex
 
 from forensics.line_prefixes import RANK_IN_MESSAGE, FileContext, attribute, file_context, rust_form
 from forensics.prefilter import (
-    LineRegexFinder,
     Literals,
+    line_regex_finder,
     literal_finder,
     owned_lines,
     required_literals,
@@ -211,7 +211,7 @@ class TextScanner:
         # (LineExtractor.literal_prefilter False) and rules whose only literals are punctuation (_Pattern.in_full)
         searched_ = [i for i, p in enumerate(patterns) if p.in_full]
         requires = {i: prefilter_form(e.requires) for i in searched_ if (e := patterns[i].extractor) and e.requires}
-        self._line_regexes = LineRegexFinder([(patterns[i].rust, requires.get(i)) for i in searched_])
+        self._line_regexes = line_regex_finder([(patterns[i].rust, requires.get(i)) for i in searched_])
         self._searched_patterns = searched_  # LineRegexFinder's pattern n is pattern searched_[n]
         self._searched_all = [
             (i, f"(?m){patterns[i].rust}", f"(?m){requires[i]}" if i in requires else None) for i in searched_
