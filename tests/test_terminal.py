@@ -82,3 +82,17 @@ def test_the_readme_transcript_is_what_the_example_prints(tmp_path: Path, monkey
         else:
             assert got == want, hint
     assert (tmp_path / "oom_then_timeout.forensics.html").is_file()
+
+
+def test_symptoms_on_many_ranks_read_as_ranges(doc: dict):
+    """A consequence on 511 of 512 ranks is one short phrase, not 511 numbers."""
+    many = json.loads(json.dumps(doc))
+    many["verdict"]["symptoms"] = [
+        {"class": "nccl_timeout", "ranks": [r for r in range(512) if r != 145], "count": 6164},
+        {"class": "cuda_oom", "ranks": [], "count": 1},
+    ]
+    console, buffer = _terminal(200)
+    print_summary(many, console)
+    lines = buffer.getvalue().splitlines()
+    assert "  then nccl_timeout on ranks 0–511 except 145 (6164 lines)" in lines
+    assert "  then cuda_oom (1 line)" in lines

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from forensics.report.labels import ranks_phrase
+
 
 def _fence(text: str) -> str:
     return text.replace("```", "ˋˋˋ")
@@ -33,10 +35,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines += ["```", ""]
         if v["symptoms"]:
             lines.append(
-                "**Consequences:** "
-                + "; ".join(
-                    f"`{s['class']}` on rank(s) {', '.join(map(str, s['ranks'])) or '–'}" for s in v["symptoms"]
-                )
+                "**Consequences:** " + "; ".join(f"`{s['class']}` on {ranks_phrase(s['ranks'])}" for s in v["symptoms"])
             )
             lines.append("")
         if rc["remediation"]:

@@ -15,6 +15,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from forensics.report.labels import ranks_phrase
+
 STATUS_STYLE = {
     "failed": "bold white on red",
     "degraded": "bold black on yellow",
@@ -70,9 +72,9 @@ def _print_root_cause(rc: dict[str, Any], symptoms: list[dict[str, Any]], consol
         text = e["text"] if len(e["text"]) <= EVIDENCE_CHARS else e["text"][:EVIDENCE_CHARS] + "…"
         hanging(console, "  ", f"[cyan]{escape(e['file'])}:{e['line']}[/]  {escape(text)}")
     for s in symptoms[:6]:
-        ranks = ", ".join(map(str, s["ranks"])) or "–"
+        where = f" on {ranks_phrase(s['ranks'])}" if s["ranks"] else ""
         lines = "line" if s["count"] == 1 else "lines"
-        hanging(console, "  ", f"[dim]then {s['class']} on rank(s) {ranks} ({s['count']} {lines})[/]")
+        hanging(console, "  ", f"[dim]then {s['class']}{where} ({s['count']} {lines})[/]")
     if rc["remediation"]:
         console.print("[bold]What to change:[/]")
         for r in rc["remediation"][:3]:
