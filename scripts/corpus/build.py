@@ -33,6 +33,12 @@ COLUMNS += ["source_url", "project", "notes"]
 FORBIDDEN = tuple("/" + p for p in ("work/", "farm/", "root/.pyenv"))  # our machines' paths (not spelt out here)
 
 
+def _label_from_prose(notes: str) -> bool:
+    """The harvester's mark for a label that rests on the thread's words, not on the excerpt."""
+    notes = notes.lower()
+    return "from prose" in notes or "label-from-thread" in notes
+
+
 def split_of(url: str) -> str:
     key = thread_key(url)
     assert key is not None
@@ -102,7 +108,7 @@ def main() -> int:
                     "file": target.relative_to(args.corpus).as_posix(),
                     "split": split,
                     **{k: row.get(k, "").strip() for k in COLUMNS[3:]},
-                    "evidence": "prose" if "from prose" in row.get("notes", "").lower() else "log",
+                    "evidence": "prose" if _label_from_prose(row.get("notes", "")) else "log",
                 }
             )
             next_id += 1
