@@ -159,6 +159,23 @@ def test_grad_norm_explosion_to_the_end_is_an_error():
     assert [(f.step, f.severity) for f in found] == [(61, "error")]
 
 
+def test_a_grad_norm_extreme_from_the_first_logged_step_is_an_error():
+    """No early level to compare with: the run's typical grad norm is itself far beyond any stable run's."""
+    curves = _healthy_rl(4)
+    curves["actor/grad_norm"] = curves["actor/grad_norm"] * 1e6
+    found = [f for f in _run(curves) if f.rule == "grad-norm-extreme"]
+    assert [(f.fields["metric"], f.step, f.severity) for f in found] == [("actor/grad_norm", 1, "error")]
+    assert not [f for f in _run(curves) if f.rule == "grad-norm-explosion"]
+
+
+def test_a_grad_norm_that_explodes_half_way_is_an_explosion_not_an_extreme_level():
+    curves = _healthy_rl(4)
+    curves["actor/grad_norm"][40:] *= 1e6  # the lower median is still the healthy level of the first half
+    found = _run(curves)
+    assert not [f for f in found if f.rule == "grad-norm-extreme"]
+    assert [f.step for f in found if f.rule == "grad-norm-explosion"] == [41]
+
+
 def test_entropy_collapse_while_the_reward_stalls():
     curves = _healthy_rl(5)
     curves["actor/entropy"][45:] = 0.01

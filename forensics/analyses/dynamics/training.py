@@ -62,6 +62,8 @@ EARLY_EXPLOSION_FACTOR = 2.0  # a positive loss at twice its start in the first 
 EXPLOSION_POINTS = 3  # ...at three steps or more
 EXPLOSION_FACTOR = 10.0  # grad norm 10x its early level, for EXPLOSION_MIN_STEPS steps in a row
 EXPLOSION_MIN_STEPS = 3
+EXTREME_GRAD_NORM = 1e5  # a pre-clip grad norm no stable LLM run logs as its typical level (healthy ones: < 1e4)
+EXTREME_MIN_SAMPLES = 2
 ENTROPY_COLLAPSE_FRACTION = 0.1  # entropy ends below 10% of where it started...
 ENTROPY_SUDDEN_FACTOR = 0.5  # (a change point that halves it at once is a sudden fall)
 ENTROPY_REWARD_WINDOW = 10  # ...and the reward at the end is no better than over these steps before the fall
@@ -449,6 +451,37 @@ def detect_grad_norm_explosion(ctx: Context) -> list[Detection]:
                 steps=(int(judged.steps[a]), int(judged.steps[runs[-1][1]])),
                 explanation=explanation,
                 fields={"early": early, "peak": peak},
+            )
+        )
+    return out
+
+
+def detect_extreme_grad_norm(ctx: Context) -> list[Detection]:
+    """A gradient norm whose typical (median) level is itself extreme, however few steps were logged: a run
+    that diverged before its log began or from its first steps, which a comparison with the early level misses."""
+    out = []
+    for curve in ctx.judged("grad-explosion"):
+        finite = curve.finite()
+        if len(finite) < EXTREME_MIN_SAMPLES:
+            continue
+        level = float(np.sort(finite.values)[(len(finite) - 1) // 2])  # the lower median: one spike is not a level
+        if level < EXTREME_GRAD_NORM:
+            continue
+        peak = float(np.max(finite.values))
+        explanation = (
+            f"{curve.metric} was {fmt(level)} at the median of its {len(finite)} logged steps "
+            f"(steps {finite.steps[0]} to {finite.steps[-1]}, peak {fmt(peak)}): stable runs log gradient norms "
+            f"below about 1e4 before clipping. The updates are dominated by a few huge gradients (a learning rate "
+            f"far too high, fp16 overflow, or extreme advantages/rewards), even where the loss still looks normal."
+        )
+        out.append(
+            detection(
+                ctx,
+                "grad-norm-extreme",
+                curve=curve,
+                steps=(int(finite.steps[0]), int(finite.steps[-1])),
+                explanation=explanation,
+                fields={"median": level, "peak": peak},
             )
         )
     return out
