@@ -46,6 +46,7 @@ def _flat_jsonl(run: str, name: str = "metrics.jsonl.xz") -> list[dict]:
         ("0063.log", 1, "loss", 1.6531, "hf_trainer"),  # Hugging Face Trainer dicts (sentence-transformers)
         ("0063.log", 1, "learning_rate", 1.3934426229508198e-05, "hf_trainer"),
         ("0043.log", 1, "grad_norm", 14.98, "hf_trainer"),  # unsloth's aligned dicts
+        ("0818.log", 28, "train/grad_norm", 2217390918.482301, "hf_trainer"),  # slime's `step N: {'train/...`
         ("0014.log", 40, "lr", 5e-05, "deepspeed"),  # DeepSpeed's log_dist step lines
         ("0014.log", 40, "skipped steps", 2.0, "deepspeed"),
         ("0425.log", 0, "reduced_train_loss", 11.0, "lightning"),  # NeMo / Lightning progress bar

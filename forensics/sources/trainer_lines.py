@@ -5,7 +5,8 @@ PyTorch Lightning's progress bar, and the `step N | loss X` prints of hand-writt
 - Hugging Face Trainer and TRL print each log as a dict: `{'loss': 1.6531, 'grad_norm': nan,
   'learning_rate': 1.39e-05, 'epoch': 0.38}`; it names no step, so the n-th dict of a file is step n
   (its `step` or `global_step` key when it has one), and an evaluation dict (`eval_*` keys, no loss) belongs
-  to the step before it. The final `{'train_runtime': ...}` is not a step.
+  to the step before it. The final `{'train_runtime': ...}` is not a step. slime prints the same dict with
+  prefixed keys after its step: `step 28: {'train/loss': 0.145, ..., 'train/grad_norm': 2.2e9, 'train/step': 28}`.
 - DeepSpeed: `[Rank 0] step=40, skipped=2, lr=[5e-05], mom=[[0.9, 0.999]]` (learning rate and skipped steps).
 - Lightning (tqdm): `Epoch 0:   0%|  | 1/351750 [00:03<372:08:48,  3.81s/it, loss=11, reduced_train_loss=11.00,
   global_step=0.000]`, redrawn with carriage returns; the step is `global_step` when shown, else the batch.
@@ -26,6 +27,8 @@ NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 MEGATRON = re.compile(r"iteration\s+(?P<step>\d+)\s*/\s*\d+\s*\|(?P<rest>.*)")
 MEGATRON_PAIR = re.compile(rf"^\s*(?P<key>[A-Za-z][\w ()./-]*?)\s*:\s*(?P<value>{NUMBER}|nan|inf|-inf)\s*$", re.I)
 HF_DICT = re.compile(r"\{'[^{}]*\}")
+STEP_BEFORE_DICT = re.compile(r"\b(?:step|iteration|iter)\s*[:=]?\s*(?P<step>\d+)\s*[:,|-]?\s*$", re.I)
+STEP_KEYS = ("step", "global_step")
 DEEPSPEED = re.compile(rf"\bstep=(?P<step>\d+), skipped=(?P<skipped>\d+), lr=\[(?P<lr>{NUMBER})")
 LIGHTNING = re.compile(
     r"Epoch (?P<epoch>\d+):\s+\d+%\|[^|]*\|\s*(?P<batch>\d+)/(?P<total>\d+) \[[^\]]*?, (?P<post>[^\]]*)\]"
@@ -91,11 +94,22 @@ def _hf_dict(rec: LineRecord, sink: Sink) -> None:
         number = _number(value) if isinstance(value, str) else value
         if isinstance(number, (int, float)) and not isinstance(number, bool):
             metrics[str(key)] = float(number)
-    given = metrics.pop("step", None) or metrics.pop("global_step", None)
+    given = _given_step(metrics, rec.hit.ctx.body[: m.start()])
     evaluation = "loss" not in metrics and any(k.startswith("eval_") for k in metrics)  # at the step before it
     counter = sink.counters.get(("hf_dict", rec.hit.file), 0) + (0 if evaluation else 1)
     sink.counters[("hf_dict", rec.hit.file)] = counter = max(counter, 1)
     _emit(rec, sink, "hf_trainer", int(given) if given is not None else counter, metrics)
+
+
+def _given_step(metrics: dict[str, float], before: str) -> float | None:
+    """The step a log dict names: its `step`/`global_step` key (also under a prefix, `train/step`), which is
+    taken out of the metrics, else a `step N:` printed before the dict (slime, hand-written loops)."""
+    keys = [k for k in metrics if k.rsplit("/", 1)[-1] in STEP_KEYS]
+    given = [metrics.pop(k) for k in keys]
+    if given and given[0]:
+        return given[0]
+    m = STEP_BEFORE_DICT.search(before)
+    return float(m["step"]) if m else None
 
 
 def _deepspeed(rec: LineRecord, sink: Sink) -> None:
@@ -150,7 +164,8 @@ EXTRACTORS = [
     LineExtractor(
         "hf_log_dict",
         "hf_trainer",
-        r"\{'(?:loss|eval_loss|grad_norm|learning_rate|reward|train_loss|eval_reward)': ",
+        r"\{'(?:(?:train|eval|actor|critic)/)?"
+        r"(?:loss|eval_loss|grad_norm|learning_rate|reward|train_loss|eval_reward)': ",
         _hf_dict,
     ),
     LineExtractor("deepspeed_step", "deepspeed", r"\] step=\d+, skipped=\d+, lr=\[", _deepspeed),
