@@ -188,7 +188,7 @@ def _add_file(run: Run, path: str, rel: str, st: os.stat_result, sources: list[F
     except OSError as exc:
         kind, note = SKIPPED, f"cannot read: {exc.strerror or exc}"
         run.warnings.append(f"{rel}: {note}")
-    if kind == SKIPPED and note == "binary content" and _plain_name(path).endswith(TEXT_SUFFIXES):
+    if kind == SKIPPED and note.startswith("binary") and _plain_name(path).endswith(TEXT_SUFFIXES):
         run.warnings.append(f"{rel}: named like text but holds binary data; skipped")
     elif kind == SKIPPED and note.startswith("compressed"):
         run.warnings.append(f"{rel}: {note}; skipped")

@@ -14,6 +14,7 @@ import json
 import lzma
 import os
 import pickle
+import random
 import re
 import shutil
 import signal
@@ -359,7 +360,7 @@ def test_many_tiny_files_are_all_listed_and_the_report_stays_small(tmp_path):
 def test_warnings_reach_the_html_and_the_terminal(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "binary.log").write_bytes(os.urandom(4096).replace(b"\n", b"\x00"))
+    (run / "binary.log").write_bytes(random.Random(3).randbytes(4096).replace(b"\n", b"\x00"))
     html = tmp_path / "report.html"
     result = CliRunner().invoke(main, ["analyze", str(run), "-o", str(html)])
     assert result.exit_code == 0, result.output
@@ -510,3 +511,12 @@ def test_a_finding_without_evidence_lines_still_renders_everywhere():
     hover = [t for _, fig in figures(a) for trace in fig.data for t in (trace.text or ())]
     assert "memory-growth ×1" in hover
     assert render_markdown(to_json_dict(a)) and dumps(a)
+
+
+def test_binary_of_a_known_kind_under_a_text_name_is_warned_of_too(tmp_path):
+    """Bytes that start like a zip archive, in a file named .log, are skipped with the same warning."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "worker.log").write_bytes(b"PK\x03\x04" + bytes(range(256)) * 8)
+    result = CliRunner().invoke(main, ["analyze", str(run), "--no-html"])
+    assert "warning: worker.log: named like text but holds binary data; skipped" in " ".join(result.output.split())
