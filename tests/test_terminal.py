@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from forensics.cli import main
+from forensics.report.markdown import render_markdown
 from forensics.report.terminal import make_console, print_summary
 from tests.conftest import REPO
 
@@ -96,3 +97,13 @@ def test_symptoms_on_many_ranks_read_as_ranges(doc: dict):
     lines = buffer.getvalue().splitlines()
     assert "  then nccl_timeout on ranks 0–511 except 145 (6164 lines)" in lines
     assert "  then cuda_oom (1 line)" in lines
+
+
+def test_markdown_consequences_read_as_ranges_too(doc: dict):
+    many = json.loads(json.dumps(doc))
+    many["verdict"]["symptoms"] = [
+        {"class": "nccl_timeout", "ranks": [r for r in range(512) if r != 145], "count": 6164},
+        {"class": "cuda_oom", "ranks": [], "count": 1},
+    ]
+    text = render_markdown(many)
+    assert "**Consequences:** `nccl_timeout` on ranks 0–511 except 145; `cuda_oom`\n" in text

@@ -35,7 +35,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines += ["```", ""]
         if v["symptoms"]:
             lines.append(
-                "**Consequences:** " + "; ".join(f"`{s['class']}` on {ranks_phrase(s['ranks'])}" for s in v["symptoms"])
+                "**Consequences:** "
+                + "; ".join(
+                    f"`{s['class']}`" + (f" on {ranks_phrase(s['ranks'])}" if s["ranks"] else "") for s in v["symptoms"]
+                )
             )
             lines.append("")
         if rc["remediation"]:
