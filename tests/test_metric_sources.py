@@ -52,6 +52,9 @@ def _flat_jsonl(run: str, name: str = "metrics.jsonl.xz") -> list[dict]:
         ("0425.log", 0, "reduced_train_loss", 11.0, "lightning"),  # NeMo / Lightning progress bar
         ("0041.log", 1631, "loss", 4.0863, "plain_step"),  # nanoGPT's `iter N: loss X, time Yms`
         ("0041.log", 1631, "time_ms", 561.94, "plain_step"),
+        ("0068.log", 1020, "loss", 0.8473, "mmengine"),  # xtuner's mmengine `Iter(train) [i/N]`
+        ("0633.log", 200, "grad_norm", 3.0608, "mmengine"),  # `Epoch(train) [1][200/735]`: epoch 1, step 200
+        ("1076.log", 788 + 100, "grad_norm", 31101415.5974, "mmengine"),  # mmdetection, epoch 2 of 788 steps
     ],
 )
 def test_other_trainers_step_lines(case, step, metric, value, source):
@@ -60,6 +63,13 @@ def test_other_trainers_step_lines(case, step, metric, value, source):
     assert row.height == 1, a.series.select("metric", "step").unique().head(20)
     assert row["value"][0] == pytest.approx(value, rel=1e-9)
     assert row["source"][0] == source
+
+
+def test_mmengine_lines_keep_no_eta_and_give_a_non_finite_grad_norm_its_step():
+    """`eta: 2:44:49` is a duration, not a metric; grad_norm nan at iteration 240 is where instability starts."""
+    a = _analysis(CASES / "0633.log")
+    assert "eta" not in set(a.series["metric"])
+    assert a.verdict.root_cause is not None and a.verdict.root_cause.step == 240
 
 
 def test_hf_evaluation_dicts_belong_to_the_step_before_them():

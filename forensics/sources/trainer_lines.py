@@ -34,6 +34,11 @@ LIGHTNING = re.compile(
     r"Epoch (?P<epoch>\d+):\s+\d+%\|[^|]*\|\s*(?P<batch>\d+)/(?P<total>\d+) \[[^\]]*?, (?P<post>[^\]]*)\]"
 )
 LIGHTNING_PAIR = re.compile(rf"(?P<key>[A-Za-z_][\w/.-]*)=(?P<value>{NUMBER}|nan|inf)(?=,|$)")
+MMENGINE = re.compile(
+    r"\b(?P<mode>Epoch|Iter)\(train\)\s*(?:\[\s*(?P<epoch>\d+)\])?\s*\[\s*(?P<i>\d+)/(?P<n>\d+)\]\s+(?P<rest>.*)"
+)
+MMENGINE_PAIR = re.compile(rf"(?:^|\s)(?P<key>[A-Za-z_][\w/.-]*):\s+(?P<value>{NUMBER}|nan|inf|-inf)(?![\w.:])")
+MMENGINE_SKIPPED = {"eta", "epoch", "iter"}
 VERL_STEP = re.compile(r"(?:^|\s)step:\d+ - ")
 PLAIN_STEP = re.compile(r"(?:^|[\s\[(|:,])(?:step|Step|STEP)\s*[:=]?\s*(?P<step>\d+)\b(?!\s*/)")
 PLAIN_ITER = re.compile(r"(?:^|[\s\[(|:,])(?:iter|iteration|Iter|Iteration)\s*[:=]?\s*(?P<step>\d+)\b")
@@ -76,6 +81,20 @@ def _megatron(rec: LineRecord, sink: Sink) -> None:
         if pair:
             metrics[pair["key"].strip()] = float(pair["value"])
     _emit(rec, sink, "megatron", int(m["step"]), metrics)
+
+
+def _mmengine(rec: LineRecord, sink: Sink) -> None:
+    """OpenMMLab's logger (mmengine: xtuner, mmdetection): `Epoch(train) [E][i/N]  lr: …  loss: …` or
+    `Iter(train) [i/N] …`; an epoch's i-th iteration is step (E-1)·N + i."""
+    m = MMENGINE.search(rec.hit.ctx.body)
+    if not m:
+        return
+    within = int(m["i"])
+    step = (int(m["epoch"]) - 1) * int(m["n"]) + within if m["mode"] == "Epoch" and m["epoch"] else within
+    metrics = {
+        p["key"]: float(p["value"]) for p in MMENGINE_PAIR.finditer(m["rest"]) if p["key"] not in MMENGINE_SKIPPED
+    }
+    _emit(rec, sink, "mmengine", step, metrics)
 
 
 def _hf_dict(rec: LineRecord, sink: Sink) -> None:
@@ -168,6 +187,7 @@ EXTRACTORS = [
         r"(?:loss|eval_loss|grad_norm|learning_rate|reward|train_loss|eval_reward)': ",
         _hf_dict,
     ),
+    LineExtractor("mmengine_train", "mmengine", r"(?:Epoch|Iter)\(train\)\s*\[\s*\d+[\]/]", _mmengine),
     LineExtractor("deepspeed_step", "deepspeed", r"\] step=\d+, skipped=\d+, lr=\[", _deepspeed),
     LineExtractor("lightning_progress", "lightning", r"Epoch \d+: +\d+%\|", _lightning),
     # verl's step lines are verl's (parse_plain reads none of them): those its bulk reader reads are not read here
