@@ -36,7 +36,7 @@ CASES = [
     ("0259", "collective_mismatch", "collective-mismatch", 1, ..., "posted 496640 bytes"),
     ("0615", "collective_mismatch", "collective-mismatch", 4, 7, "names rank(s) [7]"),  # desync report's next line
     ("0639", "collective_mismatch", "collective-mismatch", 1, ..., "(peer 192.168.161.30) 1048576"),
-    ("0148", "hang", "stuck-process-stack-dump", 3, ..., "wait (threading.py:355)"),
+    ("0148", "hang", "stuck-process-stack-dump", 5, ..., "wait (threading.py:355)"),  # the dump's MainThread line
     ("0253", "hang", "stuck-process-stack-dump", 2, ..., ""),  # gdb -p, quoted in a reply
     ("0097", "hang", "progress-stalled", 2, ..., "waiting 60 s"),
     ("0840", "hang", "progress-stalled", 5, ..., ""),  # SGLang's newer "Watchdog timeout (self.watchdog_timeout=300)"
