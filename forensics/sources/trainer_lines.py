@@ -1,5 +1,5 @@
 """Step lines of the trainers found beside verl: Megatron-LM, Hugging Face Trainer / TRL, DeepSpeed,
-PyTorch Lightning's progress bar, and the `step N | loss X` prints of hand-written loops.
+PyTorch Lightning's progress bar, OpenMMLab's mmengine, and the `step N | loss X` prints of hand-written loops.
 
 - Megatron-LM: ` iteration      122/  250000 | consumed samples: 124928 | ... | lm loss: 2.504220E+00 | ...`
 - Hugging Face Trainer and TRL print each log as a dict: `{'loss': 1.6531, 'grad_norm': nan,
@@ -7,6 +7,8 @@ PyTorch Lightning's progress bar, and the `step N | loss X` prints of hand-writt
   (its `step` or `global_step` key when it has one), and an evaluation dict (`eval_*` keys, no loss) belongs
   to the step before it. The final `{'train_runtime': ...}` is not a step. slime prints the same dict with
   prefixed keys after its step: `step 28: {'train/loss': 0.145, ..., 'train/grad_norm': 2.2e9, 'train/step': 28}`.
+- mmengine (xtuner, mmdetection): `Epoch(train) [2][ 50/788]  lr: 2.0e-03  eta: 4:14:00  ...  loss: 1.5043`
+  (the epoch's 50th of 788 iterations: step 838) or `Iter(train) [1010/2046] ...`; `eta` is not a metric.
 - DeepSpeed: `[Rank 0] step=40, skipped=2, lr=[5e-05], mom=[[0.9, 0.999]]` (learning rate and skipped steps).
 - Lightning (tqdm): `Epoch 0:   0%|  | 1/351750 [00:03<372:08:48,  3.81s/it, loss=11, reduced_train_loss=11.00,
   global_step=0.000]`, redrawn with carriage returns; the step is `global_step` when shown, else the batch.
