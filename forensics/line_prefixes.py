@@ -29,6 +29,13 @@ HOST_PREFIX = re.compile(
 COUNTER_PREFIX = re.compile(r"^\[\d{1,9}\] (?=\S)")
 STREAM_PREFIX = re.compile(r"^(?:stdout|stderr): ")
 RUNTIME_TS_PREFIX = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z (?=\S)")
+# syslog and journalctl (`Feb 14 05:03:41 gpu-1 kernel: `, `Sep 22 23:46:41 host vllm[361682]: `) and a CI
+# console's timestamper (`Jul 13 21:22:34 `, no host): one space is peeled, the program's indentation stays
+MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+SYSLOG_PREFIX = re.compile(
+    rf"^(?P<mon>{'|'.join(MONTHS)}) (?P<d>[ \d]\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,](?P<frac>\d{{1,9}}))? "
+    r"(?:(?P<host>[A-Za-z0-9][\w.-]{0,62}) (?P<prog>[\w.@/-]{1,64})(?:\[(?P<pid>\d+)\])?: )?"
+)
 RAY_PREFIX = re.compile(r"^\((?:(?P<name>[^()]*?) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^)\s]+))?\)\s?")
 RAY_SYSTEM_PREFIX = re.compile(r"^\((?P<src>raylet|gcs_server|autoscaler[^,)]*)(?:, ip=(?P<ip>[^)\s]+))?\)\s?")
 TORCHRUN_PREFIX = re.compile(r"^\[(?:default|rank)(?P<rank>\d+)\]:\s?")
@@ -94,6 +101,7 @@ ANY_PREFIX = "|".join(
         COUNTER_PREFIX,
         STREAM_PREFIX,
         RUNTIME_TS_PREFIX,
+        SYSLOG_PREFIX,
         SRUN_PREFIX,
         HOST_PREFIX,
     )
@@ -190,7 +198,19 @@ def _c10_timestamp(mmdd: str, hms: str, year: int | None) -> datetime | None:
         return None
 
 
-def _peel(text: str, ctx: LineContext) -> str | None:
+def _syslog_timestamp(m: re.Match[str], year: int | None) -> datetime | None:
+    if year is None:
+        return None
+    try:
+        return datetime(
+            year, MONTHS.index(m["mon"]) + 1, int(m["d"]), int(m["h"]), int(m["mi"]), int(m["s"]),
+            _frac_us(m["frac"]), tzinfo=timezone.utc,
+        )  # fmt: skip
+    except ValueError:
+        return None
+
+
+def _peel(text: str, ctx: LineContext, year: int | None) -> str | None:
     """`text` without the outermost prefix it starts with (noting what that prefix tells), or None."""
     m = RAY_PREFIX.match(text)
     if m:
@@ -214,6 +234,12 @@ def _peel(text: str, ctx: LineContext) -> str | None:
     if m:
         ctx.ts = ctx.ts or parse_timestamp(m[0])
         return text[m.end() :]
+    m = SYSLOG_PREFIX.match(text)
+    if m:
+        ctx.ts = ctx.ts or _syslog_timestamp(m, year)
+        ctx.host = m["host"] or ctx.host
+        ctx.pid = int(m["pid"]) if m["pid"] else ctx.pid
+        return text[m.end() :]
     m = SRUN_PREFIX.match(text)
     if m:
         ctx.rank = ctx.rank if ctx.rank is not None else int(m["rank"])
@@ -230,7 +256,7 @@ def attribute(line: str, fctx: FileContext) -> LineContext:
     text = ANSI.sub("", line).rstrip("\r\n")
     ctx = LineContext(body=text, rank=fctx.rank, pid=fctx.pid, host=fctx.host, role=fctx.role)
     for _ in range(6):  # wrappers nest: `> [1,0]<stderr>: (WorkerDict pid=1) [rank0]: ...`
-        peeled = _peel(text, ctx)
+        peeled = _peel(text, ctx, fctx.year)
         if peeled is None:
             break
         text = peeled
