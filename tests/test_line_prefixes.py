@@ -66,7 +66,7 @@ def test_a_dotted_exception_class_with_a_digit_is_not_a_host_prefix():
 def test_a_syslog_or_ci_timestamp_is_peeled_and_a_traceback_behind_it_read():
     """journalctl's `Mon DD HH:MM:SS host prog[pid]: ` gives the host, pid and time (the year from the file); a
     CI console's bare `Mon DD HH:MM:SS ` is peeled by one space, so a traceback keeps its indentation."""
-    vllm = 'Sep 22 23:46:42 ml2-1-a100-1 vllm[361991]: INFO 09-22 23:46:42 metrics.py:351] Avg prompt throughput'
+    vllm = "Sep 22 23:46:42 ml2-1-a100-1 vllm[361991]: INFO 09-22 23:46:42 metrics.py:351] Avg prompt throughput"
     ctx = attribute(vllm, FileContext(year=2024))
     assert ctx.body.startswith("INFO 09-22") and (ctx.host, ctx.pid) == ("ml2-1-a100-1", 361991)
     assert ctx.ts is not None and ctx.ts.isoformat() == "2024-09-22T23:46:42+00:00"
