@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from forensics.pipeline import analyze
+from tests.conftest import REPO
 
 
 def _root(tmp_path, text: str):
@@ -59,3 +60,15 @@ def test_a_local_rank_stays_local_when_the_logs_show_two_hosts(tmp_path):
     )
     root = _root(tmp_path, two_nodes).root_cause
     assert root.cls == "process_killed" and root.rank is None
+
+
+def test_a_root_that_names_no_rank_takes_the_one_worker_torchrun_saw_fail():
+    """Corpus 2192: a resume's state-dict size mismatch printed without a rank prefix, then torchrun's agent reports
+    local_rank 0 failed; corpus 1406: only the agent's report, for local_rank 2."""
+    cases = REPO / "corpus" / "cases" / "open"
+    mismatch = analyze([cases / "2192.log"]).verdict.root_cause
+    assert (mismatch.cls, mismatch.rank) == ("shape_mismatch", 0)
+    assert mismatch.evidence[0].text.startswith("\tsize mismatch for model.embed_tokens.weight: copying a param")
+    assert "rank 0 is the only worker torchrun saw fail" in mismatch.explanation
+    bare = analyze([cases / "1406.log"]).verdict.root_cause
+    assert (bare.cls, bare.rank) == ("unknown_crash", 2)

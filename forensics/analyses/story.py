@@ -38,6 +38,7 @@ def tell(
     elif root.cls in CROSS_RANK_CLASSES and root.rule != "collective-op-mismatch":
         _cross_rank(events, root)
     _adopt_rank(root, findings)
+    _launcher_rank(root, events)
     root.explanation = join(root.explanation, _torchrun_note(events, root), *_precursors(root, findings))
     if root.step is None:  # a detector finding knows its step
         root.step = _step_of(root, step_marks)
@@ -123,6 +124,23 @@ def _adopt_rank(root: Finding, findings: list[Finding]) -> None:
     if len(ranks) == 1:
         root.rank = ranks.pop()
         root.host = root.host or next((f.host for f in findings if f.rank == root.rank and f.host), None)
+
+
+def _launcher_rank(root: Finding, events: pl.DataFrame) -> None:
+    """A root whose lines name no rank takes the rank of the one worker torchrun's agent saw fail: the process
+    that raised it (a timeout or hang is seen on every rank, so the one that exited is not the one to blame)."""
+    if root.rank is not None or root.cls in CROSS_RANK_CLASSES or events.is_empty():
+        return
+    failed = events.filter((pl.col("kind") == "torchrun_child_failed") & pl.col("rank").is_not_null())
+    ranks = set(failed.get_column("rank").to_list())
+    hosts = {h for h in failed.get_column("host").to_list() if h}
+    if len(ranks) != 1 or len(hosts) > 1 or (root.host and hosts and root.host not in hosts):
+        return
+    root.rank = ranks.pop()
+    root.host = root.host or (hosts.pop() if hosts else None)
+    root.explanation = join(
+        root.explanation, f"Its lines name no rank; rank {root.rank} is the only worker torchrun saw fail."
+    )
 
 
 def _torchrun_note(events: pl.DataFrame, root: Finding) -> str:
