@@ -69,6 +69,13 @@ def test_a_root_that_names_no_rank_takes_the_one_worker_torchrun_saw_fail():
     mismatch = analyze([cases / "2192.log"]).verdict.root_cause
     assert (mismatch.cls, mismatch.rank) == ("shape_mismatch", 0)
     assert mismatch.evidence[0].text.startswith("\tsize mismatch for model.embed_tokens.weight: copying a param")
-    assert "rank 0 is the only worker torchrun saw fail" in mismatch.explanation
+    assert "rank 0 is the only worker the launcher saw fail" in mismatch.explanation
     bare = analyze([cases / "1406.log"]).verdict.root_cause
     assert (bare.cls, bare.rank) == ("unknown_crash", 2)
+
+
+def test_deepspeeds_report_cut_before_its_exit_code_still_names_the_local_rank():
+    """Corpus 2002: the launcher's ERROR line with the child's command is hard-wrapped, so 'exits with return code
+    = -9' is on a later line; the --local_rank=7 on the first line is the rank that was killed."""
+    root = analyze([REPO / "corpus" / "cases" / "open" / "2002.log"]).verdict.root_cause
+    assert (root.cls, root.rank) == ("process_killed", 7)

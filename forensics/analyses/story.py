@@ -127,11 +127,12 @@ def _adopt_rank(root: Finding, findings: list[Finding]) -> None:
 
 
 def _launcher_rank(root: Finding, events: pl.DataFrame) -> None:
-    """A root whose lines name no rank takes the rank of the one worker torchrun's agent saw fail: the process
-    that raised it (a timeout or hang is seen on every rank, so the one that exited is not the one to blame)."""
+    """A root whose lines name no rank takes the rank of the one worker the launcher (torchrun's agent, srun,
+    DeepSpeed's) saw fail: the process that raised it (a timeout or hang is seen on every rank, so the one that
+    exited is not the one to blame)."""
     if root.rank is not None or root.cls in CROSS_RANK_CLASSES or events.is_empty():
         return
-    failed = events.filter((pl.col("kind") == "torchrun_child_failed") & pl.col("rank").is_not_null())
+    failed = events.filter(pl.col("kind").is_in(["torchrun_child_failed", "child_exit"]) & pl.col("rank").is_not_null())
     ranks = set(failed.get_column("rank").to_list())
     hosts = {h for h in failed.get_column("host").to_list() if h}
     if len(ranks) != 1 or len(hosts) > 1 or (root.host and hosts and root.host not in hosts):
@@ -139,7 +140,7 @@ def _launcher_rank(root: Finding, events: pl.DataFrame) -> None:
     root.rank = ranks.pop()
     root.host = root.host or (hosts.pop() if hosts else None)
     root.explanation = join(
-        root.explanation, f"Its lines name no rank; rank {root.rank} is the only worker torchrun saw fail."
+        root.explanation, f"Its lines name no rank; rank {root.rank} is the only worker the launcher saw fail."
     )
 
 

@@ -12,12 +12,15 @@ from forensics.sources.base import LineExtractor, LineRecord, Sink
 SOURCE = "launcher"
 KIND = "child_exit"
 # Each names the exit code (`code`, 1 where only "non-zero" is said) and, where it says, the host, srun's task
-# number (the job's global rank, SLURM_PROCID) or DeepSpeed's --local_rank.
+# number (the job's global rank, SLURM_PROCID) or DeepSpeed's --local_rank (its code may be cut off with the line).
 REPORTS = [
     re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<task>[\d,-]+): Exited with exit code (?P<code>\d+)"),
     re.compile(r"^pdsh@\S+: (?P<host>[\w.-]+): ssh exited with exit code (?P<code>\d+)"),
     re.compile(r"\b\d+ process(?:es)? returned a non-zero exit code\b"),
     re.compile(r"sigkill_handler\] \[.*?'--local_rank=(?P<local>\d+)'.*\] exits with return code = (?P<code>-?\d+)"),
+    # the same report with its command hard-wrapped or cut before the code: DeepSpeed logs it at ERROR only for a
+    # child that exited non-zero
+    re.compile(r"\[ERROR\] \[launch\.py:\d+:sigkill_handler\] \[.*?'--local_rank=(?P<local>\d+)'"),
 ]
 
 
@@ -26,13 +29,14 @@ def _handle(rec: LineRecord, sink: Sink) -> None:
     if m is None:
         return
     said = m.groupdict()
-    code = int(said.get("code") or 1)
+    code = int(said["code"]) if said.get("code") else None
     if code == 0:
         return
     rec.kind = KIND
     rec.source = SOURCE
     rec.level = "error"
-    rec.fields["exitcode"] = code
+    if code is not None or "local" not in said:
+        rec.fields["exitcode"] = 1 if code is None else code
     if said.get("host"):
         rec.hit.ctx.host = rec.fields["host"] = said["host"]
     if (said.get("task") or "").isdigit():
@@ -46,7 +50,7 @@ EXTRACTORS = [
         KIND,
         SOURCE,
         r"Exited with exit code \d+|returned a non-zero exit code|ssh exited with exit code \d+"
-        r"|exits with return code = -?\d+",
+        r"|exits with return code = -?\d+|sigkill_handler\] \[",
         _handle,
     )
 ]
