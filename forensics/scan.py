@@ -20,7 +20,6 @@ regex engine's cache and it slows down a thousandfold, while a literal search st
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import time
@@ -42,7 +41,7 @@ from forensics.prefilter import (
     required_literals,
     text_column,
 )
-from forensics.rules.model import USER_REGEX_TIMEOUT_S, Rule
+from forensics.rules.model import USER_REGEX_TIMEOUT_S, MatchClause, Rule
 from forensics.sources.base import BatchLines, Hit, LineExtractor, LineRecord, Sink
 from forensics.textio import LineBatch, iter_line_batches, open_binary, prefetched, read_problem
 from forensics.tracebacks import cut_traceback
@@ -142,12 +141,21 @@ def _rule_pattern(rule: Rule, index: int) -> _Pattern:
     """A rule clause's regex; a clause that reads other lines (followed_by, extract_window) never folds."""
     clause = rule.match[index]
     folds = _ANY_LINE if clause.followed_by is None and not rule.extract_window else None
-    compiled = clause.compiled
-    search = functools.partial(compiled.search, timeout=USER_REGEX_TIMEOUT_S)  # a user's regex may backtrack
+    search = _first_use_search(clause)
     literals = required_literals(clause.regex)
     if literals is not None and literals.weak:  # " -> " is in lines of every kind: search in full
         return _Pattern(prefilter_form(clause.regex), rule, None, None, folds, search, in_full=True)
     return _Pattern(prefilter_form(clause.regex), rule, None, literals, folds, search)
+
+
+def _first_use_search(clause: MatchClause) -> Callable[[str], object]:
+    """The clause's search, its regex compiled when a line first reaches it (a run's lines reach few rules), with
+    a time limit (a user's regex may backtrack)."""
+
+    def search(line: str) -> object:
+        return clause.compiled.search(line, timeout=USER_REGEX_TIMEOUT_S)
+
+    return search
 
 
 def _extractor_pattern(extractor: LineExtractor) -> _Pattern:
